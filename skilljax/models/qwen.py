@@ -294,8 +294,9 @@ class LayerCache(NamedTuple):
 
 
 def _param(rngs: nnx.Rngs, shape, axes, std, dtype) -> nnx.Param:
-    return nnx.Param(jax.random.normal(rngs.params(), shape, dtype) * jnp.asarray(std, dtype),
-                     logical_axes=axes)
+    # Drawn in float32 so one seed gives the same weights (up to rounding) in every dtype.
+    value = (jax.random.normal(rngs.params(), shape, jnp.float32) * std).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
 
 
 class RMSNorm(nnx.Module):
