@@ -273,12 +273,22 @@ def _yarn(inv: np.ndarray, dim: int, base: float, p: Mapping[str, Any],
     return (inv / factor) * (1 - keep) + inv * keep, float(attention_factor)
 
 
-def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray,
-               scale: float) -> jax.Array:
-    """Rotate-half RoPE as in the reference implementation, computed in float32."""
+class Rope(NamedTuple):
+    cos_BT1H: jax.Array
+    sin_BT1H: jax.Array
+
+
+def rope_tables(cfg: QwenConfig, positions_BT: jax.Array) -> Rope:
+    """cos/sin for every position, computed once per forward and shared by all layers."""
+    inv_freq, scale = rope_inv_freq(cfg)
     freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     angles = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles) * scale, jnp.sin(angles) * scale
+    return Rope(jnp.cos(angles) * scale, jnp.sin(angles) * scale)
+
+
+def apply_rope(x_BTNH: jax.Array, rope: Rope) -> jax.Array:
+    """Rotate-half RoPE as in the reference implementation, computed in float32."""
+    cos, sin = rope
     x = x_BTNH.astype(jnp.float32)
     x1, x2 = jnp.split(x, 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
@@ -289,8 +299,9 @@ def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: np.ndarray,
 
 
 class LayerCache(NamedTuple):
-    k_BSKH: jax.Array
-    v_BSKH: jax.Array
+    # Heads before positions: decode attention is then a plain batched matmul over (B, K).
+    k_BKSH: jax.Array
+    v_BKSH: jax.Array
 
 
 def _param(rngs: nnx.Rngs, shape, axes, std, dtype) -> nnx.Param:
@@ -308,6 +319,13 @@ class RMSNorm(nnx.Module):
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
+
+
+def _project_in(x_BTD, w_DNH):
+    """x @ w with the heads flattened: a plain 2-D matmul over contiguous weights (an einsum over
+    (N, H) made XLA:CPU copy the weight into another layout at every decode step)."""
+    d, n, h = w_DNH.shape
+    return jnp.einsum("BTD,DF->BTF", x_BTD, w_DNH.reshape(d, n * h)).reshape(*x_BTD.shape[:2], n, h)
 
 
 class Attention(nnx.Module):
@@ -328,43 +346,52 @@ class Attention(nnx.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
             self.k_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
-        inv_freq, self.rope_scale = rope_inv_freq(cfg)
-        self.inv_freq = tuple(float(f) for f in inv_freq)  # static, hashable
 
-    def __call__(self, x_BTD, positions_BT, mask_BTS, cache: LayerCache | None, cache_index):
+    def __call__(self, x_BTD, rope: Rope, mask_BTS, cache: LayerCache | None, cache_index):
         cfg, dt = self.cfg, DTYPES[self.cfg.dtype]
-        q_BTNH = jnp.einsum("BTD,DNH->BTNH", x_BTD, self.q[...].astype(dt))
-        k_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, self.k[...].astype(dt))
-        v_BTKH = jnp.einsum("BTD,DKH->BTKH", x_BTD, self.v[...].astype(dt))
+        q_BTNH = _project_in(x_BTD, self.q[...].astype(dt))
+        k_BTKH = _project_in(x_BTD, self.k[...].astype(dt))
+        v_BTKH = _project_in(x_BTD, self.v[...].astype(dt))
         if cfg.qkv_bias:
             q_BTNH += self.q_bias[...].astype(dt)
             k_BTKH += self.k_bias[...].astype(dt)
             v_BTKH += self.v_bias[...].astype(dt)
         if cfg.qk_norm:
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
-        inv_freq = np.asarray(self.inv_freq, np.float32)
-        q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq, self.rope_scale)
-        k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq, self.rope_scale)
+        q_BTNH, k_BTKH = apply_rope(q_BTNH, rope), apply_rope(k_BTKH, rope)
         q_BTNH = shd.constrain(q_BTNH, ("batch", "seq", "act_heads", "head_dim"), self.layout)
 
+        k_BKTH, v_BKTH = k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3)
         if cache is not None:
-            start = (0, cache_index, 0, 0)
-            k_BSKH = jax.lax.dynamic_update_slice(cache.k_BSKH, k_BTKH.astype(cache.k_BSKH.dtype), start)
-            v_BSKH = jax.lax.dynamic_update_slice(cache.v_BSKH, v_BTKH.astype(cache.v_BSKH.dtype), start)
-            cache = LayerCache(k_BSKH, v_BSKH)
+            start = (0, 0, cache_index, 0)
+            k_BKSH = jax.lax.dynamic_update_slice(cache.k_BKSH, k_BKTH.astype(cache.k_BKSH.dtype), start)
+            v_BKSH = jax.lax.dynamic_update_slice(cache.v_BKSH, v_BKTH.astype(cache.v_BKSH.dtype), start)
+            cache = LayerCache(k_BKSH, v_BKSH)
         else:
-            k_BSKH, v_BSKH = k_BTKH, v_BTKH
+            k_BKSH, v_BKSH = k_BKTH, v_BKTH
 
         b, t, n, h = q_BTNH.shape
         kv = cfg.num_kv_heads
         q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
-        logits_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH.astype(dt),
-                                  preferred_element_type=jnp.float32) * (h ** -0.5)
+        k_BKSH, v_BKSH = k_BKSH.astype(dt), v_BKSH.astype(dt)
+        if t == 1:
+            # One query per row (decode): multiply-and-reduce fuses into one loop, while a batched
+            # dot over B×K tiny matrices runs about 2× slower on XLA:CPU.
+            logits_BKGTS = jnp.sum(q_BTKGH.transpose(0, 2, 3, 1, 4)[..., None, :].astype(jnp.float32)
+                                   * k_BKSH[:, :, None, None], axis=-1) * (h ** -0.5)
+        else:
+            logits_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, k_BKSH,
+                                      preferred_element_type=jnp.float32) * (h ** -0.5)
         logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, jnp.finfo(jnp.float32).min)
         probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(dt)
-        out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH.astype(dt))
+        if t == 1:
+            out_BTKGH = jnp.sum(probs_BKGTS[..., None] * v_BKSH[:, :, None, None], axis=-2
+                                ).transpose(0, 3, 1, 2, 4)
+        else:
+            out_BTKGH = jnp.einsum("BKGTS,BKSH->BTKGH", probs_BKGTS, v_BKSH)
         out_BTNH = out_BTKGH.reshape(b, t, n, h)
-        y_BTD = jnp.einsum("BTNH,NHD->BTD", out_BTNH, self.o[...].astype(dt))
+        o_ND = self.o[...].astype(dt).reshape(n * h, -1)
+        y_BTD = jnp.einsum("BTF,FD->BTD", out_BTNH.reshape(b, t, n * h), o_ND)
         if cfg.out_bias:
             y_BTD += self.o_bias[...].astype(dt)
         return y_BTD, cache
@@ -396,15 +423,15 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, layout, rngs=rngs)
         self.layout = layout
 
-    def __call__(self, x_BTD, positions_BT, mask_BTS, cache, cache_index):
-        y_BTD, cache = self.attn(self.attn_norm(x_BTD), positions_BT, mask_BTS, cache, cache_index)
+    def __call__(self, x_BTD, rope, mask_BTS, cache, cache_index):
+        y_BTD, cache = self.attn(self.attn_norm(x_BTD), rope, mask_BTS, cache, cache_index)
         x_BTD = x_BTD + y_BTD
         x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
         return shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout), cache
 
 
-def _run_layer(layer, x_BTD, positions_BT, mask_BTS, cache, cache_index):
-    return layer(x_BTD, positions_BT, mask_BTS, cache, cache_index)
+def _run_layer(layer, x_BTD, rope, mask_BTS, cache, cache_index):
+    return layer(x_BTD, rope, mask_BTS, cache, cache_index)
 
 
 _run_layer_remat = nnx.remat(_run_layer)
@@ -429,9 +456,10 @@ class Qwen(nnx.Module):
         x_BTD = jnp.take(self.embedding[...], tokens_BT, axis=0).astype(dt)
         x_BTD = shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout)
         run = _run_layer_remat if self.cfg.remat else _run_layer
+        rope = rope_tables(self.cfg, positions_BT)
         new_cache = []
         for i, layer in enumerate(self.layers):
-            x_BTD, c = run(layer, x_BTD, positions_BT, mask_BTS,
+            x_BTD, c = run(layer, x_BTD, rope, mask_BTS,
                            None if cache is None else cache[i], cache_index)
             new_cache.append(c)
         return self.final_norm(x_BTD), (None if cache is None else new_cache)
@@ -452,9 +480,9 @@ class Qwen(nnx.Module):
 
     def init_cache(self, batch: int, length: int, dtype=None) -> list[LayerCache]:
         cfg = self.cfg
-        shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
         dtype = dtype or DTYPES[cfg.dtype]
-        axes = ("batch", "seq", "act_kv_heads", "head_dim")
+        axes = ("batch", "act_kv_heads", "seq", "head_dim")
 
         def zeros():
             z = jnp.zeros(shape, dtype)

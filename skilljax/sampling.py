@@ -1,0 +1,321 @@
+"""Batched generation with a KV cache: jitted prefill, then a jitted `lax.while_loop` decode.
+
+Prompts are left-padded to a bucketed length P; generated token i is written at cache slot P + i for
+every row, while each row's RoPE position continues from its own prompt length. Batch size, prompt
+length and generation length are rounded up to buckets, so a training run compiles a handful of
+shapes. Temperature, top-p, top-k, stop ids and the exact max_new_tokens are traced values: changing
+them never recompiles. The KV cache is preallocated per shape and donated through both calls.
+
+Returned `logprobs` are log-softmax of the raw logits (the policy itself, temperature 1, no
+truncation) at the sampled tokens: the "old logprobs" of GRPO. `sampling_logprobs` (optional) are
+under the distribution actually sampled from (temperature, top-k, top-p).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from skilljax import sharding as shd
+from skilljax.models import qwen
+
+MAX_STOP_IDS = 8  # stop ids are padded to this many (traced), -1 = unused
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0  # 0 → greedy
+    top_p: float = 1.0        # 1 → off
+    top_k: int = 0            # 0 → off; at most Sampler.max_top_k
+    stop_token_ids: tuple[int, ...] = ()
+    return_sampling_logprobs: bool = False
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}.")
+        if len(self.stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"At most {MAX_STOP_IDS} stop token ids, got {len(self.stop_token_ids)}.")
+
+
+@dataclasses.dataclass
+class SampleOutput:
+    token_ids: list[list[int]]          # per prompt: generated ids, through the first stop token
+    logprobs: list[np.ndarray]          # per prompt: policy logprob of each generated token
+    lengths: np.ndarray                 # [B] number of generated tokens
+    finish_reasons: list[str]           # "stop" (emitted a stop id) or "length"
+    sampling_logprobs: list[np.ndarray] | None = None
+
+
+def bucket_length(n: int, minimum: int = 16) -> int:
+    """Powers of two up to 1024, then multiples of 512."""
+    n = max(n, minimum)
+    if n <= 1024:
+        return 1 << (n - 1).bit_length()
+    return -(-n // 512) * 512
+
+
+class _Knobs(NamedTuple):
+    temperature: jax.Array
+    top_p: jax.Array
+    top_k: jax.Array
+    stop_ids: jax.Array
+    max_new: jax.Array
+
+
+def _inverse_cdf(weights_BK, u_B):
+    """Index j per row with P(j) ∝ weights (≥ 0, some > 0 per row), from one uniform per row.
+
+    The first index whose running sum reaches u × total, restricted to positive weights so float
+    rounding can never pick an excluded entry.
+    """
+    cdf_BK = jnp.cumsum(weights_BK, axis=-1)
+    hit_BK = (cdf_BK >= (u_B * cdf_BK[:, -1])[:, None]) & (weights_BK > 0)
+    last_B = weights_BK.shape[-1] - 1 - jnp.argmax((weights_BK > 0)[:, ::-1], axis=-1)
+    return jnp.where(jnp.any(hit_BK, axis=-1), jnp.argmax(hit_BK, axis=-1), last_B)
+
+
+def _sample_two_level(weights_BV, u_B, chunk: int = 256):
+    """Inverse-CDF sampling over a large vocabulary: pick a chunk by its mass, then a token in it.
+
+    Two short cumulative sums instead of one over V; one uniform per row serves both levels.
+    """
+    b, v = weights_BV.shape
+    pad = -v % chunk
+    w_BCk = jnp.pad(weights_BV, ((0, 0), (0, pad))).reshape(b, -1, chunk)
+    mass_BC = jnp.sum(w_BCk, axis=-1)
+    c_B = _inverse_cdf(mass_BC, u_B)
+    below_B = jnp.sum(jnp.where(jnp.arange(mass_BC.shape[1]) < c_B[:, None], mass_BC, 0), axis=-1)
+    w_Bk = jnp.take_along_axis(w_BCk, c_B[:, None, None], axis=1)[:, 0]
+    mass_B = jnp.take_along_axis(mass_BC, c_B[:, None], axis=-1)[:, 0]
+    u_in_B = jnp.clip((u_B * jnp.sum(mass_BC, axis=-1) - below_B) / mass_B, 0.0, 1.0)
+    return c_B * chunk + _inverse_cdf(w_Bk, u_in_B)
+
+
+def _top_p_threshold(z_BV, top_p, iters: int = 40):
+    """Largest t with P(z ≥ t) ≥ top_p, by bisection: the top-p cut without sorting the vocabulary.
+
+    Keeping {z ≥ t} is exactly the sorted definition (smallest prefix whose mass reaches top_p);
+    40 halvings of the logit range are below float32 resolution.
+    """
+    probs_BV = jax.nn.softmax(z_BV, axis=-1)
+
+    def body(_, lohi):
+        lo, hi = lohi
+        mid = 0.5 * (lo + hi)
+        ok = jnp.sum(jnp.where(z_BV >= mid[:, None], probs_BV, 0.0), axis=-1) >= top_p
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    lo, _ = jax.lax.fori_loop(0, iters, body, (jnp.min(z_BV, -1), jnp.max(z_BV, -1) + 1e-6))
+    return lo
+
+
+def _sample(logits_BV, rng, knobs: _Knobs, max_top_k: int):
+    """(token, policy logprob, sampling logprob) per row.
+
+    Temperature, then top-k, then top-p on the top-k-renormalised distribution (as in HF).
+    Sampling is by inverse CDF with one uniform per row: a Gumbel per vocabulary entry costs more
+    than the model's decode step on CPU for 32k+ vocabularies, and sorting the vocabulary for
+    top-p costs far more again.
+    """
+    b, vocab = logits_BV.shape
+    t = jnp.where(knobs.temperature > 0, knobs.temperature, 1.0)
+    z_BV = logits_BV / t
+    u_B = jax.random.uniform(rng, (b,))
+
+    def with_top_k():
+        # Top-k candidates come sorted, so top-p within them is a prefix.
+        top_BK, ids_BK = jax.lax.top_k(z_BV, min(max_top_k, vocab))
+        probs_BK = jax.nn.softmax(jnp.where(jnp.arange(top_BK.shape[-1]) < knobs.top_k, top_BK,
+                                            -jnp.inf), axis=-1)
+        keep_BK = ((jnp.cumsum(probs_BK, axis=-1) - probs_BK) < knobs.top_p) & (probs_BK > 0)
+        w_BK = jnp.where(keep_BK.at[:, 0].set(True), probs_BK, 0.0)
+        j_B = _inverse_cdf(w_BK, u_B)
+        pick = lambda a: jnp.take_along_axis(a, j_B[:, None], axis=-1)[:, 0]
+        return pick(ids_BK), jnp.log(pick(w_BK) / jnp.sum(w_BK, axis=-1))
+
+    def over_vocab():
+        threshold_B = jax.lax.cond(knobs.top_p < 1, lambda: _top_p_threshold(z_BV, knobs.top_p),
+                                   lambda: jnp.full((b,), -jnp.inf, z_BV.dtype))
+        w_BV = jnp.where(z_BV >= threshold_B[:, None], jnp.exp(z_BV - jnp.max(z_BV, -1, keepdims=True)),
+                         0.0)
+        token_B = _sample_two_level(w_BV, u_B)
+        w_tok = jnp.take_along_axis(w_BV, token_B[:, None], axis=-1)[:, 0]
+        return token_B, jnp.log(w_tok / jnp.sum(w_BV, axis=-1))
+
+    sampled_B, sampling_logp_B = jax.lax.cond(knobs.top_k > 0, with_top_k, over_vocab)
+    greedy = knobs.temperature <= 0
+    token_B = jnp.where(greedy, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
+    policy_logp_B = (jnp.take_along_axis(logits_BV, token_B[:, None], axis=-1)[:, 0]
+                     - jax.nn.logsumexp(logits_BV, axis=-1))
+    return token_B, policy_logp_B, jnp.where(greedy, 0.0, sampling_logp_B)
+
+
+class _DecodeState(NamedTuple):
+    step: jax.Array
+    cache: list
+    logits_BV: jax.Array
+    done_B: jax.Array
+    length_B: jax.Array
+    stopped_B: jax.Array
+    tokens_BN: jax.Array
+    logp_BN: jax.Array
+    sampling_logp_BN: jax.Array
+
+
+def _prefill(graphdef, state, cache, tokens_BP, mask_BP):
+    model = nnx.merge(graphdef, state)
+    p, s = tokens_BP.shape[1], cache[0].k_BKSH.shape[2]
+    positions_BP = qwen.positions_from_mask(mask_BP)
+    valid_BS = jnp.zeros((tokens_BP.shape[0], s), bool).at[:, :p].set(mask_BP.astype(bool))
+    causal_PS = jnp.arange(s)[None, :] <= jnp.arange(p)[:, None]
+    h_BPD, cache = model.hidden(tokens_BP, positions_BP, causal_PS[None] & valid_BS[:, None, :],
+                                cache, jnp.int32(0))
+    return model.logits(h_BPD[:, -1:])[:, 0], cache
+
+
+def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, rng, knobs: _Knobs, max_new: int,
+            max_top_k: int):
+    model = nnx.merge(graphdef, state)
+    b, p = mask_BP.shape
+    s = cache[0].k_BKSH.shape[2]
+    prompt_len_B = jnp.sum(mask_BP, axis=-1).astype(jnp.int32)
+    prompt_valid_BS = jnp.zeros((b, s), bool).at[:, :p].set(mask_BP.astype(bool))
+
+    def cond(st: _DecodeState):
+        return (st.step < knobs.max_new) & ~jnp.all(st.done_B)
+
+    def body(st: _DecodeState):
+        token_B, logp_B, slogp_B = _sample(st.logits_BV, jax.random.fold_in(rng, st.step), knobs,
+                                           max_top_k)
+        live_B = ~st.done_B
+        token_B = jnp.where(live_B, token_B, 0)
+        is_stop_B = jnp.any(token_B[:, None] == knobs.stop_ids[None, :], axis=-1) & live_B
+        upd = lambda buf, v: jax.lax.dynamic_update_slice(buf, v[:, None].astype(buf.dtype), (0, st.step))
+        tokens_BN = upd(st.tokens_BN, token_B)
+        logp_BN = upd(st.logp_BN, jnp.where(live_B, logp_B, 0.0))
+        slogp_BN = upd(st.sampling_logp_BN, jnp.where(live_B, slogp_B, 0.0))
+        # Feed the token back: slot p + step, position prompt_len + step.
+        slot = p + st.step
+        mask_B1S = (prompt_valid_BS | ((jnp.arange(s) >= p) & (jnp.arange(s) <= slot))[None])[:, None]
+        logits_B1V, cache = model(token_B[:, None], (prompt_len_B + st.step)[:, None], mask_B1S,
+                                  st.cache, slot)
+        return _DecodeState(st.step + 1, cache, logits_B1V[:, 0], st.done_B | is_stop_B,
+                            st.length_B + live_B, st.stopped_B | is_stop_B, tokens_BN, logp_BN,
+                            slogp_BN)
+
+    zeros_BN = jnp.zeros((b, max_new), jnp.float32)
+    init = _DecodeState(jnp.int32(0), cache, logits_BV, ~real_B, jnp.zeros(b, jnp.int32),
+                        jnp.zeros(b, bool), jnp.zeros((b, max_new), jnp.int32), zeros_BN, zeros_BN)
+    st = jax.lax.while_loop(cond, body, init)
+    return st.cache, st.tokens_BN, st.logp_BN, st.sampling_logp_BN, st.length_B, st.stopped_B
+
+
+class Sampler:
+    """Generates for a batch of token-id prompts with the current weights of `model`.
+
+    The model is read at every call, so a learner that updates it in place is sampled from as is.
+    """
+
+    def __init__(self, model: qwen.Qwen, *, pad_id: int = 0, max_top_k: int = 64,
+                 cache_dtype=None):
+        self.model = model
+        self.graphdef = nnx.graphdef(model)
+        self.layout: shd.Layout | None = model.layout
+        self.pad_id, self.max_top_k = pad_id, max_top_k
+        self.cache_dtype = cache_dtype
+        self._caches: dict[tuple[int, int], list] = {}
+        self._prefill = jax.jit(_prefill, static_argnums=0, donate_argnums=2)
+        self._decode = jax.jit(_decode, static_argnums=(0, 8, 9), donate_argnums=2)
+        self.last_timing: dict[str, float] = {}
+
+    def _batch_bucket(self, b: int) -> int:
+        n = 1 << (b - 1).bit_length()
+        if self.layout is not None:
+            dp = self.layout.mesh.shape["data"] * self.layout.mesh.shape["fsdp"]
+            n = -(-n // dp) * dp
+        return n
+
+    def _put(self, x: np.ndarray, axes):
+        if self.layout is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, self.layout.sharding(x.shape, axes))
+
+    def prepare(self, token_ids: Sequence[Sequence[int]], max_new_tokens: int):
+        """Left-padded bucketed batch: (tokens_BP, mask_BP, cache length, generation bucket)."""
+        b = self._batch_bucket(len(token_ids))
+        p = bucket_length(max(len(t) for t in token_ids))
+        n = bucket_length(max_new_tokens)
+        max_pos = self.model.cfg.max_position_embeddings
+        if max(len(t) for t in token_ids) + max_new_tokens > max_pos:
+            raise ValueError(f"Prompt plus max_new_tokens exceeds the model's "
+                             f"max_position_embeddings={max_pos}.")
+        tokens = np.full((b, p), self.pad_id, np.int32)
+        mask = np.zeros((b, p), np.int32)
+        for i, t in enumerate(token_ids):
+            tokens[i, p - len(t):] = t
+            mask[i, p - len(t):] = 1
+        mask[len(token_ids):, -1] = 1  # filler rows: one fake token; they start done
+        return tokens, mask, p + n, n
+
+    def generate(self, token_ids: Sequence[Sequence[int]], params: SamplingParams,
+                 rng: jax.Array) -> SampleOutput:
+        if params.top_k > self.max_top_k:
+            raise ValueError(f"top_k={params.top_k} exceeds this Sampler's max_top_k="
+                             f"{self.max_top_k}; construct Sampler(..., max_top_k=...).")
+        vocab = self.model.cfg.vocab_size
+        if not token_ids or any(len(t) == 0 for t in token_ids):
+            raise ValueError("Every prompt needs at least one token.")
+        if any(min(t) < 0 or max(t) >= vocab for t in token_ids):
+            raise ValueError(f"Prompt token ids must lie in [0, {vocab}).")
+        tokens, mask, s, n = self.prepare(token_ids, params.max_new_tokens)
+        b = tokens.shape[0]
+        cache = self._caches.pop((b, s), None)
+        if cache is None:
+            cache = self.model.init_cache(b, s, self.cache_dtype)
+        stop = np.full(MAX_STOP_IDS, -1, np.int32)
+        stop[:len(params.stop_token_ids)] = params.stop_token_ids
+        knobs = _Knobs(jnp.float32(params.temperature), jnp.float32(params.top_p),
+                       jnp.int32(params.top_k), jnp.asarray(stop), jnp.int32(params.max_new_tokens))
+        state = nnx.state(self.model)
+        tokens_d = self._put(tokens, ("batch", "seq"))
+        mask_d = self._put(mask, ("batch", "seq"))
+        real_d = self._put(np.arange(b) < len(token_ids), ("batch",))
+
+        t0 = time.perf_counter()
+        logits, cache = self._prefill(self.graphdef, state, cache, tokens_d, mask_d)
+        logits.block_until_ready()
+        t1 = time.perf_counter()
+        cache, out_tokens, logp, slogp, lengths, stopped = self._decode(
+            self.graphdef, state, cache, logits, mask_d, real_d, rng, knobs, n, self.max_top_k)
+        out_tokens, logp, slogp, lengths, stopped = jax.device_get(
+            (out_tokens, logp, slogp, lengths, stopped))
+        t2 = time.perf_counter()
+        self._caches[(b, s)] = cache
+        self.last_timing = {"prefill_s": t1 - t0, "decode_s": t2 - t1,
+                            "prefill_tokens": int(mask[:len(token_ids)].sum()),
+                            "decode_tokens": int(lengths[:len(token_ids)].sum())}
+
+        rows = range(len(token_ids))
+        return SampleOutput(
+            token_ids=[out_tokens[i, :lengths[i]].tolist() for i in rows],
+            logprobs=[logp[i, :lengths[i]] for i in rows],
+            lengths=np.asarray(lengths[:len(token_ids)]),
+            finish_reasons=["stop" if stopped[i] else "length" for i in rows],
+            sampling_logprobs=([slogp[i, :lengths[i]] for i in rows]
+                               if params.return_sampling_logprobs else None),
+        )
+

@@ -1,0 +1,162 @@
+"""Sampler benchmark: skilljax vs `transformers` generate (PyTorch CPU) on the same weights, same run.
+
+    python -m skilljax.tools.bench_sampler [--configs tiny,small] [--batch 16] [--prompt-len 16]
+        [--new-tokens 64] [--top-p 0.95] [--top-k 20] [--repeats 7]
+
+For each preset: random weights (seed 0) exported to a temporary HF directory and loaded by
+transformers; both sample B×new tokens with the same top-p/top-k (no stop tokens, every row runs
+to the limit). Reported: warm decode tokens/s (prefill excluded: for transformers the time of a
+prompt forward pass is subtracted), end-to-end tokens/s, their ratios, compile time, and for
+skilljax the fraction of this machine's float32 matmul peak (measured here) that decoding reaches.
+The last stdout line is JSON with everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+
+def matmul_peak_flops(n: int = 1024, reps: int = 20) -> float:
+    """Best-of float32 GEMM throughput on the default JAX device."""
+    import jax
+    import jax.numpy as jnp
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def decode_flops_per_token(cfg, context: int) -> float:
+    """Matmul FLOPs of one decode step per row: weights (incl. LM head) plus attention over `context`."""
+    weights = cfg.num_params() - cfg.vocab_size * cfg.embed_dim * (0 if cfg.tie_embeddings else 1)
+    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+    return 2 * weights + attn
+
+
+class SkilljaxRunner:
+    def __init__(self, model, prompts, new_tokens, top_p, top_k):
+        import jax
+
+        from skilljax.sampling import Sampler, SamplingParams
+        self.jax, self.prompts = jax, prompts
+        self.sampler = Sampler(model)
+        self.params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=top_p,
+                                     top_k=top_k)
+        t0 = time.perf_counter()
+        self.run(0)
+        self.cold_s = time.perf_counter() - t0
+
+    def run(self, seed):
+        """(prefill seconds, decode seconds, generated tokens)."""
+        out = self.sampler.generate(self.prompts, self.params, self.jax.random.key(seed))
+        t = self.sampler.last_timing
+        return t["prefill_s"], t["decode_s"], int(out.lengths.sum())
+
+
+class TransformersRunner:
+    def __init__(self, path, prompts, new_tokens, top_p, top_k):
+        import torch
+        import transformers
+        self.torch = torch
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.ids = torch.tensor(prompts)
+        self.mask = torch.ones_like(self.ids)
+        self.kw = dict(attention_mask=self.mask, do_sample=True, top_p=top_p, top_k=top_k,
+                       temperature=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       pad_token_id=0)
+        self.run(0)  # warm-up
+
+    def run(self, seed):
+        """(prefill seconds, decode seconds, generated tokens); decode = generate − a prompt forward."""
+        torch = self.torch
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            self.model(self.ids, attention_mask=self.mask)
+            t1 = time.perf_counter()
+            out = self.model.generate(self.ids, **self.kw)
+            t2 = time.perf_counter()
+        prefill = t1 - t0
+        return prefill, (t2 - t1) - prefill, (out.shape[1] - self.ids.shape[1]) * self.ids.shape[0]
+
+
+def summarize(runs):
+    prefill = statistics.median(r[0] for r in runs)
+    decode = statistics.median(r[1] for r in runs)
+    tokens = runs[-1][2]
+    return {"decode_tokens_per_s": tokens / decode, "e2e_tokens_per_s": tokens / (prefill + decode),
+            "tokens": tokens}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default="tiny,small")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--skip-transformers", action="store_true")
+    args = p.parse_args(argv)
+
+    import numpy as np
+
+    from skilljax import models
+    from skilljax.models import hf_io
+
+    peak = matmul_peak_flops()
+    print(f"float32 matmul peak on this machine: {peak / 1e9:.1f} GFLOP/s")
+    results = {"matmul_peak_gflops": peak / 1e9, "configs": {}}
+    for name in args.configs.split(","):
+        cfg, model = models.load(name, seed=0)
+        rng = np.random.default_rng(0)
+        prompts = rng.integers(3, cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
+        ours_runner = SkilljaxRunner(model, prompts, args.new_tokens, args.top_p, args.top_k)
+        ref_runner = None
+        tmp = tempfile.TemporaryDirectory()
+        if not args.skip_transformers:
+            hf_io.export(model, f"{tmp.name}/hf", overwrite=True)
+            ref_runner = TransformersRunner(f"{tmp.name}/hf", prompts, args.new_tokens, args.top_p,
+                                            args.top_k)
+        # Interleaved, so drift in this machine's speed hits both sides alike.
+        ours_runs, ref_runs = [], []
+        for r in range(args.repeats):
+            ours_runs.append(ours_runner.run(r + 1))
+            if ref_runner:
+                ref_runs.append(ref_runner.run(r + 1))
+        tmp.cleanup()
+        ours = summarize(ours_runs)
+        ours["compile_s"] = ours_runner.cold_s - sum(ours_runs[0][:2])
+        context = args.prompt_len + args.new_tokens // 2
+        ours["peak_fraction"] = (ours["decode_tokens_per_s"] * decode_flops_per_token(cfg, context)
+                                 / peak)
+        row = {"params": cfg.num_params(), "skilljax": ours}
+        if ref_runner:
+            ref = summarize(ref_runs)
+            row["transformers"] = ref
+            row["decode_ratio"] = ours["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+            row["e2e_ratio"] = ours["e2e_tokens_per_s"] / ref["e2e_tokens_per_s"]
+        results["configs"][name] = row
+        line = (f"{name:6s} {cfg.num_params() / 1e6:6.2f}M params | skilljax decode "
+                f"{ours['decode_tokens_per_s']:9.0f} tok/s, e2e {ours['e2e_tokens_per_s']:9.0f} tok/s, "
+                f"compile {ours['compile_s']:.1f}s, {100 * ours['peak_fraction']:.1f}% of matmul peak")
+        if "transformers" in row:
+            line += (f" | transformers decode {row['transformers']['decode_tokens_per_s']:8.0f} tok/s"
+                     f", e2e {row['transformers']['e2e_tokens_per_s']:8.0f} | ratio decode "
+                     f"{row['decode_ratio']:.2f}x, e2e {row['e2e_ratio']:.2f}x")
+        print(line, flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

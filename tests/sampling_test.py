@@ -1,0 +1,202 @@
+"""Sampler: greedy parity with transformers, logprobs, truncated sampling, RNG, recompiles, meshes."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from skilljax import models, sampling, sharding
+from skilljax.models import qwen
+from skilljax.sampling import Sampler, SamplingParams
+from tests.conftest import QWEN2_TINY, QWEN3_TINY, build_hf_model
+
+PROMPTS = [[5, 17, 99, 4, 150, 8, 42], [3, 1], [120, 64, 33, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22],
+           [77]]
+EOS = 7
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for name, cfg in (("qwen2", QWEN2_TINY), ("qwen3", QWEN3_TINY)):
+        path = tmp_path_factory.mktemp(name)
+        out[name] = (path, build_hf_model(path, **cfg, eos_token_id=EOS))
+    return out
+
+
+def hf_greedy(model, prompts, max_new, eos):
+    import torch
+    p = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), p), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, t in enumerate(prompts):
+        ids[i, p - len(t):] = torch.tensor(t)
+        mask[i, p - len(t):] = 1
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                             eos_token_id=eos, pad_token_id=0)
+    rows = []
+    for row in out[:, p:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+@pytest.mark.parametrize("which", ["qwen2", "qwen3"])
+def test_greedy_matches_transformers_generate(checkpoints, which):
+    path, ref_model = checkpoints[which]
+    _, model = models.load(path)
+    out = Sampler(model).generate(PROMPTS, SamplingParams(max_new_tokens=24, temperature=0,
+                                                          stop_token_ids=(EOS, 9)), jax.random.key(0))
+    expected = hf_greedy(ref_model, PROMPTS, 24, [EOS, 9])
+    assert out.token_ids == expected
+    assert [len(t) for t in expected] == out.lengths.tolist()
+    assert out.finish_reasons == ["stop" if t[-1] in (EOS, 9) else "length" for t in expected]
+    if which == "qwen3":  # this random model stops some rows early and runs others to the limit
+        assert {"stop", "length"} <= set(out.finish_reasons)
+
+
+def full_forward_logprobs(model, prompt, generated):
+    seq = jnp.asarray([prompt + generated])
+    logp = jax.nn.log_softmax(qwen.forward(model, seq, jnp.ones_like(seq))[0], axis=-1)
+    idx = np.arange(len(prompt) - 1, len(prompt) + len(generated) - 1)
+    return np.asarray(logp)[idx, generated]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=12, temperature=0),
+    SamplingParams(max_new_tokens=12, temperature=1.3, top_p=0.9, top_k=20),
+])
+def test_logprobs_equal_full_forward(checkpoints, params):
+    _, model = models.load(checkpoints["qwen3"][0])
+    out = Sampler(model).generate(PROMPTS, params, jax.random.key(3))
+    for prompt, gen, logp in zip(PROMPTS, out.token_ids, out.logprobs):
+        np.testing.assert_allclose(logp, full_forward_logprobs(model, prompt, gen), atol=1e-5)
+
+
+def truncated_distribution(logits, temperature, top_k, top_p):
+    """Reference: temperature, top-k, then top-p on the renormalised top-k distribution."""
+    z = logits / temperature
+    order = np.argsort(-z)
+    keep = np.zeros_like(z, bool)
+    k = top_k or len(z)
+    probs = np.exp(z[order[:k]] - z[order[0]])
+    probs /= probs.sum()
+    mass_before = np.cumsum(probs) - probs
+    keep[order[:k][mass_before < top_p]] = True
+    p = np.where(keep, np.exp(z - z.max()), 0)
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.8, 8, 1.0), (1.0, 0, 0.7), (1.5, 12, 0.85)])
+def test_sampling_frequencies_match_truncated_distribution(checkpoints, temperature, top_k, top_p):
+    _, model = models.load(checkpoints["qwen2"][0])
+    prompt = PROMPTS[0]
+    seq = jnp.asarray([prompt])
+    logits = np.asarray(qwen.forward(model, seq, jnp.ones_like(seq))[0, -1], np.float64)
+    target = truncated_distribution(logits, temperature, top_k, top_p)
+    full = truncated_distribution(logits, temperature, 0, 1.0)
+    sampler = Sampler(model)
+    params = SamplingParams(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p,
+                            return_sampling_logprobs=True)
+    counts = np.zeros_like(target)
+    for i in range(8):
+        out = sampler.generate([prompt] * 256, params, jax.random.key(i))
+        toks = np.array([t[0] for t in out.token_ids])
+        np.add.at(counts, toks, 1)
+        # The sampling logprob is the log of the truncated probability of that token.
+        np.testing.assert_allclose([s[0] for s in out.sampling_logprobs], np.log(target[toks]),
+                                   atol=1e-4)
+    assert counts[target == 0].sum() == 0  # nothing outside the kept set
+    # Pearson chi-square over the kept tokens; under the target it has mean df and std sqrt(2 df),
+    # so mean + 5 std fails a correct sampler with negligible probability.
+    kept = target > 0
+    df = kept.sum() - 1
+    limit = df + 5 * np.sqrt(2 * df)
+    assert chi_square(counts[kept], target[kept]) < limit
+    # The same counts are far from the untruncated distribution: the check can fail.
+    assert chi_square(counts, full) > 3 * limit
+
+
+def chi_square(counts, probs):
+    expected = counts.sum() * probs
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_rng_explicit(checkpoints):
+    _, model = models.load(checkpoints["qwen3"][0])
+    sampler = Sampler(model)
+    params = SamplingParams(max_new_tokens=16, temperature=1.0)
+    a = sampler.generate(PROMPTS, params, jax.random.key(1))
+    b = sampler.generate(PROMPTS, params, jax.random.key(1))
+    c = sampler.generate(PROMPTS, params, jax.random.key(2))
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_no_recompile_within_a_bucket(checkpoints, monkeypatch):
+    chex.clear_trace_counter()
+    monkeypatch.setattr(sampling, "_decode", chex.assert_max_traces(sampling._decode, n=1))
+    monkeypatch.setattr(sampling, "_prefill", chex.assert_max_traces(sampling._prefill, n=1))
+    _, model = models.load(checkpoints["qwen3"][0])
+    sampler = Sampler(model)
+    # All these share batch bucket 4, prompt bucket 16 and generation bucket 16.
+    for i, (temp, top_p, top_k, new) in enumerate([(0.0, 1.0, 0, 16), (0.7, 0.9, 0, 12),
+                                                   (1.3, 1.0, 5, 9), (0.2, 0.5, 40, 16)]):
+        prompts = [p[: 3 + i] for p in PROMPTS[:3]]
+        out = sampler.generate(prompts, SamplingParams(max_new_tokens=new, temperature=temp, top_p=top_p,
+                                                       top_k=top_k, stop_token_ids=(i,)),
+                               jax.random.key(i))
+        assert max(out.lengths) <= new
+
+
+def test_stop_ids_cut_at_first_stop(checkpoints):
+    _, model = models.load(checkpoints["qwen2"][0])
+    sampler = Sampler(model)
+    free = sampler.generate(PROMPTS, SamplingParams(max_new_tokens=20, temperature=0), jax.random.key(0))
+    assert free.finish_reasons == ["length"] * 4
+    stop_a, stop_b = free.token_ids[0][4], free.token_ids[2][2]
+    out = sampler.generate(PROMPTS, SamplingParams(max_new_tokens=20, temperature=0,
+                                                   stop_token_ids=(stop_a, stop_b)), jax.random.key(0))
+    for full, cut, reason in zip(free.token_ids, out.token_ids, out.finish_reasons):
+        first = next((i for i, t in enumerate(full) if t in (stop_a, stop_b)), None)
+        if first is None:
+            assert cut == full and reason == "length"
+        else:
+            assert cut == full[:first + 1] and reason == "stop"
+    assert out.lengths[0] <= 5 and out.lengths[2] <= 3
+
+
+@pytest.mark.parametrize("mesh_spec,layout", [("data=2,fsdp=2,tensor=2", "fsdp_tp"), ("fsdp=8", "fsdp"),
+                                              ("data=4,tensor=2", "tp")])
+def test_mesh_matches_single_device(checkpoints, mesh_spec, layout):
+    path = checkpoints["qwen3"][0]
+    _, single = models.load(path)
+    _, sharded = models.load(path, sharding.make_mesh(mesh_spec), layout=layout)
+    prompts = PROMPTS * 2  # 8 rows: one per device under fsdp=8
+    for params in (SamplingParams(max_new_tokens=10, temperature=0),
+                   SamplingParams(max_new_tokens=10, temperature=1.0, top_k=10)):
+        a = Sampler(single).generate(prompts, params, jax.random.key(5))
+        b = Sampler(sharded).generate(prompts, params, jax.random.key(5))
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs):
+            np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_bad_requests():
+    _, model = models.load("tiny")
+    sampler = Sampler(model, max_top_k=16)
+    with pytest.raises(ValueError, match="max_top_k"):
+        sampler.generate([[1]], SamplingParams(top_k=32), jax.random.key(0))
+    with pytest.raises(ValueError, match="at least one token"):
+        sampler.generate([[1], []], SamplingParams(), jax.random.key(0))
+    with pytest.raises(ValueError, match=r"\[0, 512\)"):
+        sampler.generate([[1, 600]], SamplingParams(), jax.random.key(0))
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+
+
+def test_buckets():
+    assert [sampling.bucket_length(n) for n in (1, 16, 17, 100, 1024, 1025, 1600)] == \
+        [16, 16, 32, 128, 1024, 1536, 2048]
