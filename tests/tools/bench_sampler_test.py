@@ -1,0 +1,14 @@
+"""The sampler benchmark runs end to end (figures are for the issue note, not asserted here)."""
+
+import json
+
+from tests.conftest import run_module
+
+
+def test_bench_sampler_reports_ratio():
+    proc = run_module("skilljax.tools.bench_sampler", "--configs", "tiny", "--batch", 4,
+                      "--new-tokens", 8, "--repeats", 1)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    row = result["configs"]["tiny"]
+    assert row["skilljax"]["tokens"] == row["transformers"]["tokens"] == 4 * 8
+    assert row["decode_ratio"] > 0 and result["matmul_peak_gflops"] > 0
