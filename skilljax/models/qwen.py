@@ -502,11 +502,13 @@ def causal_mask(mask_BT: jax.Array) -> jax.Array:
     return causal_TT[None] & mask_BT.astype(bool)[:, None, :]
 
 
-@nnx.jit
-def forward(model: Qwen, tokens_BT: jax.Array, mask_BT: jax.Array) -> jax.Array:
-    """Float32 logits [B, T, V] of plain (optionally left-padded) sequences, no cache."""
+def sequence_logits(model: Qwen, tokens_BT: jax.Array, mask_BT: jax.Array) -> jax.Array:
+    """Float32 logits [B, T, V] of plain (left- or right-padded) sequences, no cache."""
     logits_BTV, _ = model(tokens_BT, positions_from_mask(mask_BT), causal_mask(mask_BT))
     return logits_BTV
+
+
+forward = nnx.jit(sequence_logits)
 
 
 def abstract_model(cfg: QwenConfig, layout: shd.Layout | None = None) -> Qwen:
