@@ -1,0 +1,104 @@
+"""Training checkpoints: params, optimizer state, RNG and a JSON item of host state, via orbax.
+
+Orbax writes each step into a temporary directory and renames it when complete, so a crash
+mid-save leaves earlier steps untouched and the half-written one invisible. `restore` also
+survives a step that is complete on disk but unreadable (a truncated or edited file): it says
+which step it skipped and why, and falls back to the newest one that loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was expected."""
+
+
+def _arrays(model: nnx.Module, optimizer: nnx.Optimizer | None) -> dict[str, Any]:
+    out = {"params": nnx.state(model, nnx.Param).to_pure_dict()}
+    if optimizer is not None:
+        out["optimizer"] = nnx.state(optimizer).to_pure_dict()
+    return out
+
+
+def _load(node: nnx.Module | nnx.Optimizer, pure: dict, *filters) -> None:
+    state = nnx.state(node, *filters)
+    state.replace_by_pure_dict(pure)
+    nnx.update(node, state)
+
+
+class Checkpointer:
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
+                 async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True))
+
+    def save(self, step: int, model: nnx.Module, optimizer: nnx.Optimizer | None = None, *,
+             rng: jax.Array | None = None, host_state: dict | None = None) -> None:
+        """Start saving `step`; returns once device buffers are copied (writes may continue)."""
+        arrays = _arrays(model, optimizer)
+        if rng is not None:
+            arrays["rng"] = jax.random.key_data(rng)
+        self.manager.save(step, args=ocp.args.Composite(
+            arrays=ocp.args.StandardSave(arrays),
+            host=ocp.args.JsonSave({"host_state": host_state or {}, "has_rng": rng is not None,
+                                    "rng_impl": None if rng is None else str(jax.random.key_impl(rng))})))
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def restore(self, model: nnx.Module, optimizer: nnx.Optimizer | None = None,
+                step: int | None = None) -> tuple[int, jax.Array | None, dict]:
+        """Load into `model` / `optimizer` in place; returns (step, rng, host_state).
+
+        Without `step`, the newest readable step. Raises CheckpointError when none loads.
+        """
+        self.wait()
+        candidates = [step] if step is not None else self.steps()[::-1]
+        if not candidates:
+            raise CheckpointError(f"No checkpoints in {self.directory}.")
+        target = _arrays(model, optimizer)
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+        problems = []
+        for s in candidates:
+            try:
+                host = self.manager.restore(s, args=ocp.args.Composite(host=ocp.args.JsonRestore()))["host"]
+                if host["has_rng"]:
+                    abstract["rng"] = jax.ShapeDtypeStruct((2,), np.uint32)
+                restored = self.manager.restore(s, args=ocp.args.Composite(
+                    arrays=ocp.args.StandardRestore(abstract)))["arrays"]
+            except Exception as e:  # orbax raises many types for damaged files
+                problems.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
+                log.warning("Checkpoint step %d in %s is unreadable (%s); trying an older one.",
+                            s, self.directory, e)
+                continue
+            _load(model, restored["params"], nnx.Param)
+            if optimizer is not None:
+                _load(optimizer, restored["optimizer"])
+            rng = None
+            if host["has_rng"]:
+                rng = jax.random.wrap_key_data(restored["rng"], impl=host["rng_impl"])
+            if problems:
+                log.warning("Restored step %d after skipping: %s", s, "; ".join(problems))
+            self.skipped = problems
+            return s, rng, host["host_state"]
+        raise CheckpointError(f"No readable checkpoint in {self.directory}:\n  " + "\n  ".join(problems))
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
