@@ -1,0 +1,78 @@
+"""One metrics writer for JSON lines, TensorBoard and (if installed and asked for) Weights & Biases.
+
+`DIR/metrics.jsonl` gets one JSON object per step (`{"step": n, ...}`), flushed at once so a
+crash loses nothing already written. On resume, lines for steps at or after the resumed step are
+dropped first, so the file never holds two histories.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def _scalar(v: Any) -> float | int | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if isinstance(v, (bool, int)) else f
+
+
+class MetricsWriter:
+    def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True,
+                 wandb_project: str | None = None, config: Mapping | None = None,
+                 resume_step: int | None = None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.path = self.workdir / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", -1) < resume_step]
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        self._file = open(self.path, "a")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+            self._tb = SummaryWriter(str(self.workdir / "tensorboard"))
+        self._wandb = None
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as e:
+                raise ImportError("wandb_project is set but wandb is not installed: "
+                                  "`pip install wandb`, or leave wandb_project empty.") from e
+            self._wandb = wandb.init(project=wandb_project, config=dict(config or {}),
+                                     dir=str(self.workdir), resume="allow")
+
+    def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Scalars go everywhere; non-scalar values (lists, dicts, strings) only to the JSON line."""
+        record = {"step": int(step)}
+        for k, v in metrics.items():
+            s = _scalar(v)
+            record[k] = v if s is None else (s if math.isfinite(s) else str(s))
+            if s is not None and math.isfinite(s):
+                if self._tb is not None:
+                    self._tb.add_scalar(k, s, step)
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if k != "step"}, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(workdir: str | os.PathLike) -> list[dict]:
+    path = Path(workdir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,80 @@
+"""Train-step benchmark: tokens/s of the GRPO update and its fraction of this machine's matmul peak.
+
+    python -m skilljax.tools.bench_train [--configs tiny,small] [--batch 16] [--seq-len 128]
+        [--micro-batch 0] [--repeats 5] [--remat]
+
+FLOPs per token are counted as computed: 6 × (matmul weights incl. the LM head) for forward and
+backward, plus attention over the full padded length (the causal mask does not skip work):
+3 × 4 · layers · heads · head_dim · seq_len. The peak is a float32 1024² GEMM measured in the same
+run. The last stdout line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def train_flops_per_token(cfg, seq_len: int) -> float:
+    weights = cfg.num_params() - cfg.vocab_size * cfg.embed_dim * (0 if cfg.tie_embeddings else 1)
+    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
+    return 3 * (2 * weights + attn)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--configs", default="tiny,small")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--micro-batch", type=int, default=0, help="0: no accumulation")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--remat", action="store_true")
+    args = p.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from skilljax import models
+    from skilljax.rl.learner import Batch, Learner, LearnerConfig
+    from skilljax.tools.bench_sampler import matmul_peak_flops
+
+    peak = matmul_peak_flops()
+    print(f"float32 matmul peak on this machine: {peak / 1e9:.1f} GFLOP/s")
+    results = {"matmul_peak_gflops": peak / 1e9, "configs": {}}
+    for name in args.configs.split(","):
+        cfg, model = models.load(name, seed=0, remat=args.remat)
+        learner = Learner(model, LearnerConfig(learning_rate=1e-5,
+                                               micro_batch_size=args.micro_batch or None))
+        rng = np.random.default_rng(0)
+        b, t = args.batch, args.seq_len
+        loss_mask = np.zeros((b, t), np.int32)
+        loss_mask[:, t // 2:] = 1  # half prompt, half response, as in agent steps
+        batch = Batch(jnp.asarray(rng.integers(0, cfg.vocab_size, (b, t))), jnp.asarray(loss_mask),
+                      jnp.ones((b, t), jnp.int32),
+                      jnp.asarray(rng.normal(-np.log(cfg.vocab_size), 0.1, (b, t)), jnp.float32),
+                      jnp.asarray(rng.normal(size=b), jnp.float32))
+        t0 = time.perf_counter()
+        learner.update(batch)
+        cold = time.perf_counter() - t0
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            learner.update(batch)  # returns host floats, so the step is finished
+            times.append(time.perf_counter() - t0)
+        step_s = statistics.median(times)
+        tokens_per_s = b * t / step_s
+        frac = tokens_per_s * train_flops_per_token(cfg, t) / peak
+        results["configs"][name] = {"params": cfg.num_params(), "step_s": step_s,
+                                    "tokens_per_s": tokens_per_s, "compile_s": cold - step_s,
+                                    "peak_fraction": frac}
+        print(f"{name:6s} {cfg.num_params() / 1e6:6.2f}M params | {tokens_per_s:8.0f} tokens/s "
+              f"(step {step_s * 1e3:.0f} ms, B={b}, T={t}), compile {cold - step_s:.1f}s, "
+              f"{100 * frac:.1f}% of matmul peak", flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

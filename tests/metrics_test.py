@@ -1,0 +1,41 @@
+
+import numpy as np
+import pytest
+
+from skilljax.metrics import MetricsWriter, read_metrics
+
+
+def test_jsonl_and_tensorboard(tmp_path):
+    w = MetricsWriter(tmp_path)
+    w.write(1, {"loss": np.float32(0.5), "clip_frac": 0.1, "top_phrases": [["a", "b"]], "nan": float("nan")})
+    w.write(2, {"loss": 0.25})
+    w.close()
+    rows = read_metrics(tmp_path)
+    assert rows[0] == {"step": 1, "loss": 0.5, "clip_frac": 0.1, "top_phrases": [["a", "b"]], "nan": "nan"}
+    assert rows[1] == {"step": 2, "loss": 0.25}
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_resume_drops_steps_after_checkpoint(tmp_path):
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    for s in range(1, 5):
+        w.write(s, {"loss": s})
+    w.close()
+    w = MetricsWriter(tmp_path, tensorboard=False, resume_step=3)  # checkpoint was at step 2
+    w.write(3, {"loss": 30})
+    w.close()
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 1), (2, 2), (3, 30)]
+
+
+def test_wandb_missing_is_explained(tmp_path, monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_wandb(name, *a, **k):
+        if name == "wandb":
+            raise ImportError("no wandb")
+        return real_import(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    with pytest.raises(ImportError, match="pip install wandb"):
+        MetricsWriter(tmp_path, tensorboard=False, wandb_project="x")
