@@ -125,12 +125,38 @@ def _mini_batch_step(model: qwen.Qwen, optimizer: nnx.Optimizer, batch: Batch,
     return metrics
 
 
+_reference_logprobs = nnx.jit(lambda model, tokens, mask, t: token_logprobs(model, tokens, mask, t)[0],
+                              static_argnums=3)
+
+
+def pad_to_bucket(batch: Batch) -> Batch:
+    """Right-pad the sequence axis to a bucketed length so a run compiles a few shapes only."""
+    from skilljax.sampling import bucket_length
+    t = batch.tokens_BT.shape[1]
+    extra = bucket_length(t) - t
+    if not extra:
+        return batch
+    return jax.tree.map(lambda x: x if x.ndim == 1 else jnp.pad(x, ((0, 0), (0, extra))), batch)
+
+
 class Learner:
+    """Owns the optimizer and, only when kl_coef > 0, a frozen copy of the initial policy."""
+
     def __init__(self, model: qwen.Qwen, cfg: LearnerConfig):
         if cfg.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind={cfg.kl_kind!r}; choose k1, k2 or k3.")
         self.model, self.cfg = model, cfg
         self.optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
+        self.reference = None
+        if cfg.kl_coef > 0:
+            graphdef, state = nnx.split(model)
+            self.reference = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+
+    def reference_logprobs(self, batch: Batch) -> jax.Array:
+        if self.reference is None:
+            raise ValueError("No reference policy: it is built only when kl_coef > 0.")
+        return _reference_logprobs(self.reference, batch.tokens_BT, batch.attn_mask_BT,
+                                   self.cfg.temperature)
 
     def update(self, batch: Batch, rng: jax.Array | None = None) -> list[dict[str, float]]:
         """ppo_epochs × mini-batches optimiser steps; one metrics dict per step.
@@ -142,8 +168,9 @@ class Learner:
         mini = self.cfg.mini_batch_size or b
         if b % mini:
             raise ValueError(f"batch of {b} step samples is not a multiple of mini_batch_size={mini}.")
+        batch = pad_to_bucket(batch)
         if self.cfg.kl_coef > 0 and batch.ref_logp_BT is None:
-            raise ValueError("kl_coef > 0 needs ref_logp_BT in the batch (reference-policy logprobs).")
+            batch = batch._replace(ref_logp_BT=self.reference_logprobs(batch))
         if batch.ref_logp_BT is None:
             batch = batch._replace(ref_logp_BT=jnp.zeros_like(batch.old_logp_BT))
         out = []

@@ -92,3 +92,40 @@ def test_sampler_and_learner_logprobs_agree():
     tokens = jnp.asarray([prompt + out.token_ids[0]])
     logp, _ = token_logprobs(model, tokens, jnp.ones_like(tokens))
     np.testing.assert_allclose(np.asarray(logp)[0, len(prompt):], out.logprobs[0], atol=1e-5)
+
+
+def test_reference_policy_and_kl():
+    _, model = models.load("tiny", num_layers=1, seed=0)
+    assert Learner(model, LearnerConfig()).reference is None  # not built without a KL term
+    learner = Learner(model, LearnerConfig(learning_rate=1e-2, kl_coef=0.1))
+    batch = random_batch()
+    first = learner.update(batch)[0]
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before any step
+    second = learner.update(batch)[0]
+    assert second["kl"] > 1e-6  # the policy moved, the frozen reference did not
+    ref_logp = np.asarray(learner.reference_logprobs(batch))
+    _, init_model = models.load("tiny", num_layers=1, seed=0)
+    np.testing.assert_allclose(ref_logp, np.asarray(token_logprobs(
+        init_model, batch.tokens_BT, batch.attn_mask_BT)[0]), atol=1e-6)
+
+
+def test_update_on_a_mesh_matches_one_device():
+    from skilljax import sharding
+    batch = random_batch(b=8)
+    cfg = LearnerConfig(learning_rate=1e-3, micro_batch_size=4)
+    results = []
+    for mesh in (None, sharding.make_mesh("data=2,fsdp=2,tensor=2")):
+        _, model = models.load("tiny", mesh, num_layers=1, seed=0)
+        b = batch if mesh is None else jax.tree.map(
+            lambda x: jax.device_put(x, sharding.Layout(mesh, "fsdp_tp").sharding(
+                x.shape, ("batch",) + ("seq",) * (x.ndim - 1))), batch)
+        metrics, grads = nnx.jit(accumulate_grads, static_argnums=2)(model, b, cfg)
+        results.append((float(metrics["loss"]), jax.tree.leaves(grads)))
+        Learner(model, cfg).update(b)  # the full step runs and keeps the layout
+        if mesh is not None:
+            assert sharding.is_split(nnx.state(model, nnx.Param)["layers"][0]["mlp"]["up"].get_value())
+    (l1, g1), (l8, g8) = results
+    assert l8 == pytest.approx(l1, rel=1e-5)
+    scale = max(float(jnp.abs(g).max()) for g in g1)
+    for a, b in zip(g8, g1):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * scale)
