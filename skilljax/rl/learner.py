@@ -11,10 +11,12 @@ over micro-batches before one division (see `losses.policy_loss_terms`).
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -180,6 +182,14 @@ class Learner:
             shuffled = jax.tree.map(lambda x: x[order], batch)
             for i in range(b // mini):
                 mb = jax.tree.map(lambda x: x[i * mini:(i + 1) * mini], shuffled)
-                metrics = _mini_batch_step(self.model, self.optimizer, mb, self.cfg)
-                out.append({k: float(v) for k, v in metrics.items()})
+                t0 = time.perf_counter()
+                metrics = {k: float(v) for k, v in
+                           _mini_batch_step(self.model, self.optimizer, mb, self.cfg).items()}
+                step_s = time.perf_counter() - t0
+                adv = np.asarray(mb.advantages_B)
+                metrics.update(step_s=step_s,
+                               tokens_per_s=float(np.asarray(mb.attn_mask_BT).sum()) / step_s,
+                               adv_mean=float(adv.mean()), adv_std=float(adv.std()),
+                               adv_min=float(adv.min()), adv_max=float(adv.max()))
+                out.append(metrics)
         return out

@@ -71,3 +71,19 @@ def test_no_checkpoint_is_a_clear_error(tmp_path):
     model, learner = fresh()
     with pytest.raises(CheckpointError, match="No checkpoints in"):
         Checkpointer(tmp_path).restore(model, learner.optimizer)
+
+
+def test_half_written_step_is_invisible(tmp_path):
+    model, learner = fresh()
+    ckpt = Checkpointer(tmp_path, async_save=False)
+    ckpt.save(1, model, learner.optimizer, host_state={"step": 1})
+    ckpt.close()
+    # What a process killed mid-save leaves behind: the temporary directory, never renamed.
+    torn = tmp_path / "2.orbax-checkpoint-tmp-1234567890"
+    torn.mkdir()
+    (torn / "arrays").mkdir()
+    (torn / "arrays" / "partial").write_bytes(b"\0" * 3)
+    again = Checkpointer(tmp_path)
+    assert again.steps() == [1]
+    step, _, host = again.restore(model, learner.optimizer)
+    assert (step, host) == (1, {"step": 1})

@@ -129,3 +129,15 @@ def test_update_on_a_mesh_matches_one_device():
     scale = max(float(jnp.abs(g).max()) for g in g1)
     for a, b in zip(g8, g1):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * scale)
+
+
+def test_update_reports_the_issue_metrics():
+    _, model = models.load("tiny", num_layers=1, seed=0)
+    batch = random_batch()
+    metrics = Learner(model, LearnerConfig(mini_batch_size=4, ppo_epochs=2)).update(
+        batch, rng=jax.random.key(0))
+    assert len(metrics) == 4  # 2 epochs × 2 mini-batches
+    for m in metrics:
+        assert {"loss", "clip_frac", "approx_kl", "entropy", "grad_norm", "adv_mean", "adv_std",
+                "tokens_per_s", "step_s"} <= set(m)
+        assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
