@@ -22,6 +22,7 @@ from flax import nnx
 
 from skilljax.models import qwen
 from skilljax.rl import losses
+from skilljax.sampling import bucket_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +134,6 @@ _reference_logprobs = nnx.jit(lambda model, tokens, mask, t: token_logprobs(mode
 
 def pad_to_bucket(batch: Batch) -> Batch:
     """Right-pad the sequence axis to a bucketed length so a run compiles a few shapes only."""
-    from skilljax.sampling import bucket_length
     t = batch.tokens_BT.shape[1]
     extra = bucket_length(t) - t
     if not extra:
