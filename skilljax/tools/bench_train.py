@@ -33,7 +33,6 @@ def main(argv=None):
     p.add_argument("--remat", action="store_true")
     args = p.parse_args(argv)
 
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
