@@ -156,12 +156,18 @@ def _sample(logits_BV, rng, knobs: _Knobs, max_top_k: int):
         w_tok = jnp.take_along_axis(w_BV, token_B[:, None], axis=-1)[:, 0]
         return token_B, jnp.log(w_tok / jnp.sum(w_BV, axis=-1))
 
-    sampled_B, sampling_logp_B = jax.lax.cond(knobs.top_k > 0, with_top_k, over_vocab)
-    greedy = knobs.temperature <= 0
-    token_B = jnp.where(greedy, jnp.argmax(logits_BV, axis=-1), sampled_B).astype(jnp.int32)
+    def sampled():
+        return jax.lax.cond(knobs.top_k > 0, with_top_k, over_vocab)
+
+    def greedy():  # the sampling distribution is a point mass: log-probability 0
+        return jnp.argmax(logits_BV, axis=-1), jnp.zeros((b,), z_BV.dtype)
+
+    # Only the branch in use runs: greedy evaluation skips the sampling work entirely.
+    token_B, sampling_logp_B = jax.lax.cond(knobs.temperature <= 0, greedy, sampled)
+    token_B = token_B.astype(jnp.int32)
     policy_logp_B = (jnp.take_along_axis(logits_BV, token_B[:, None], axis=-1)[:, 0]
                      - jax.nn.logsumexp(logits_BV, axis=-1))
-    return token_B, policy_logp_B, jnp.where(greedy, 0.0, sampling_logp_B)
+    return token_B, policy_logp_B, sampling_logp_B
 
 
 class _DecodeState(NamedTuple):
