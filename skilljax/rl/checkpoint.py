@@ -95,7 +95,6 @@ class Checkpointer:
                 rng = jax.random.wrap_key_data(restored["rng"], impl=host["rng_impl"])
             if problems:
                 log.warning("Restored step %d after skipping: %s", s, "; ".join(problems))
-            self.skipped = problems
             return s, rng, host["host_state"]
         raise CheckpointError(f"No readable checkpoint in {self.directory}:\n  " + "\n  ".join(problems))
 
