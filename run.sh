@@ -11,12 +11,12 @@ VENV=.venv
 
 setup() {  # $1: "test" to include the test extras and fixtures
   local extras="" stamp_src
-  [ "${1:-}" = test ] && extras="[test]"
+  [ "${1:-}" = test ] && extras="[test,envs]"
   if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
   fi
-  stamp_src=$(cat setup.py requirements.txt requirements-test.txt; echo "$extras")
+  stamp_src=$(cat setup.py requirements*.txt; echo "$extras")
   local stamp="$VENV/.skilljax-installed$extras"
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$(echo "$stamp_src" | sha256sum)" ]; then
     # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.

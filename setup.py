@@ -16,5 +16,6 @@ setup(
     package_data={"skilljax": ["data/**/*"]},
     python_requires=">=3.10",
     install_requires=requirements("requirements.txt"),
-    extras_require={"test": requirements("requirements-test.txt")},
+    extras_require={"test": requirements("requirements-test.txt"),
+                    "envs": requirements("requirements-envs.txt")},
 )

@@ -1,0 +1,1 @@
+"""Text environments (run in env worker processes; no JAX imports here)."""

@@ -1,0 +1,130 @@
+"""The environment protocol, tasks, and the registry.
+
+An environment is a text game played one action string at a time. It runs inside an env worker
+process (`envs/pool.py`), possibly under another Python interpreter, so this module and every env
+module must import without JAX, and everything that crosses the process boundary (`Task.payload`,
+`info` dicts) must be JSON-serialisable.
+
+Each env class provides:
+- `make_tasks(split, num, seed, **options) -> list[Task]` (classmethod): a deterministic task list;
+- `reset(task, seed) -> (observation, info)` and `step(action) -> StepResult`;
+- `admissible_actions()`: the valid commands in the current state (None when the game has none);
+- `expert_action()`: the expert policy's next action from the current state.
+
+Episodes end on success (reward `success_reward`, `won=True`), on a terminal failure the game
+defines, or when `max_steps` actions have been taken (`truncated`). Invalid actions never end an
+episode; they cost a step and return the game's "Nothing happens."-style observation with
+`info["valid"] = False`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, ClassVar
+
+SUCCESS_REWARD = 10.0  # ReuseRL app. E / SKILL0: reward 10 on success, 0 otherwise
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    id: str                  # unique within (env, split), stable across runs
+    type: str                # task type: per-type metrics and the skill mapping key
+    split: str               # "train" | "test" (env-specific extra splits allowed)
+    payload: dict[str, Any]  # env-specific, JSON-serialisable
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Task:
+        return cls(**d)
+
+
+@dataclasses.dataclass
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    won: bool = False
+    truncated: bool = False   # ended by the step limit
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StepResult:
+        return cls(**d)
+
+
+class EnvError(RuntimeError):
+    """An environment failed (bad task, crashed game, missing dependency); says what to do."""
+
+
+class Env:
+    """Base class; subclasses set `name`, `max_steps` and implement the methods below."""
+
+    name: ClassVar[str] = ""
+    max_steps: int = 30
+    success_reward: float = SUCCESS_REWARD
+    invalid_observation: ClassVar[str] = "Nothing happens."
+
+    @classmethod
+    def make_tasks(cls, split: str, num: int, seed: int = 0, **options) -> list[Task]:
+        raise NotImplementedError
+
+    @classmethod
+    def task_types(cls) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def reset(self, task: Task, seed: int = 0) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def step(self, action: str) -> StepResult:
+        raise NotImplementedError
+
+    def admissible_actions(self) -> list[str] | None:
+        return None
+
+    def expert_action(self) -> str:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+# name → "module:Class", imported lazily so a worker imports only the env it runs.
+_REGISTRY: dict[str, str] = {
+    "chores": "skilljax.envs.chores:Chores",
+    "countdown": "skilljax.envs.countdown:Countdown",
+    "textworld_cooking": "skilljax.envs.textworld_cooking:TextWorldCooking",
+}
+
+
+def register(name: str, target: str) -> None:
+    """Adds an env as "package.module:Class" (the module must be importable by env workers)."""
+    _REGISTRY[name] = target
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def env_target(name: str) -> str:
+    """"module:Class" for a registered name; a "module:Class" string passes through."""
+    if ":" in name:
+        return name
+    if name not in _REGISTRY:
+        raise ValueError(f"Unknown environment {name!r}; registered: {', '.join(names())} "
+                       "(or pass \"package.module:Class\").")
+    return _REGISTRY[name]
+
+
+def env_class(name: str) -> type[Env]:
+    module, cls = env_target(name).split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make(name: str, **kwargs) -> Env:
+    return env_class(name)(**kwargs)

@@ -1,0 +1,104 @@
+import random
+
+import pytest
+
+from skilljax.envs import base
+from skilljax.envs.chores import BENCHMARK, Chores, procedure_text
+
+
+def play(env, task, policy, rng=None):
+    env.reset(task)
+    while True:
+        action = env.expert_action() if policy == "expert" else rng.choice(env.admissible_actions())
+        r = env.step(action)
+        if r.done:
+            return r
+
+
+def test_tasks_are_deterministic_balanced_and_splits_disjoint():
+    a = Chores.make_tasks("train", 60, seed=3)
+    assert a == Chores.make_tasks("train", 60, seed=3)
+    assert a != Chores.make_tasks("train", 60, seed=4)
+    assert [t.type for t in a[:6]] == list(BENCHMARK)
+    key = lambda t: (t.type, t.payload["object"], t.payload["dest"], t.payload["object_room"])
+    train = {key(t) for t in Chores.make_tasks("train", 600, seed=0)}
+    test = {key(t) for t in Chores.make_tasks("test", 600, seed=0)}
+    assert train and test and not train & test
+
+
+def test_step_semantics_by_hand():
+    task = base.Task("t", "clean", "test", dict(
+        verb="clean", object="mug", object_room="kitchen", dest="desk", steps=["soap", "basin"],
+        start_room="kitchen", distractors={"garage": ["key"]}, goal="clean the mug and put it in the desk.",
+        procedure=procedure_text("clean", ("soap", "basin"), "desk")))
+    env = Chores()
+    obs, info = env.reset(task)
+    assert obs.startswith("Your task: clean the mug and put it in the desk. You are in the kitchen.")
+    assert "take mug" in info["admissible_actions"] and "use sink" in info["admissible_actions"]
+    r = env.step("use sink")  # the decoy: the kitchen sink does not clean
+    assert r.observation.startswith("Nothing happens.") and r.info["valid"] and r.info["progress"] == 0
+    r = env.step("fly to the moon")
+    assert r.observation.startswith("Nothing happens.") and not r.info["valid"] and not r.done
+    assert env.step("Take the mug.").info["held"] == "mug"  # case, article and period tolerated
+    env.step("go to bathroom")
+    assert env.step("use basin").info["progress"] == 0  # out of order
+    assert env.step("use soap").info["progress"] == 1
+    r = env.step("use basin")
+    assert r.info["progress"] == 2 and "It is ready." in r.observation
+    env.step("go to bedroom")
+    r = env.step("put mug in desk")
+    assert r.done and r.won and r.reward == 10.0 and "Task complete." in r.observation
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("look")
+
+
+def test_putting_an_untreated_object_does_not_win_and_limit_truncates():
+    task = Chores.make_tasks("test", 1, seed=0)[0]  # a clean task
+    env = Chores()
+    env.reset(task)
+    for _ in range(Chores.max_steps - 1):
+        r = env.step("nonsense")
+        assert not r.done and r.reward == 0.0
+    r = env.step("nonsense")
+    assert r.done and r.truncated and not r.won and r.reward == 0.0
+
+
+def test_expert_wins_everything_random_policy_rarely():
+    env = Chores()
+    for source in ("benchmark", "random"):
+        tasks = Chores.make_tasks("test", 120, seed=1, source=source)
+        assert all(play(env, t, "expert").won for t in tasks)
+        rng = random.Random(0)
+        rate = sum(play(env, t, "random", rng).won for t in tasks) / len(tasks)
+        assert rate < 0.08, rate  # measured 0.013 / 0.0 on 300 tasks
+
+
+def test_expert_recovers_from_any_state():
+    env, rng = Chores(), random.Random(1)
+    for task in Chores.make_tasks("train", 60, seed=2):
+        env.reset(task)
+        for _ in range(5):
+            if env.step(rng.choice(env.admissible_actions())).done:
+                break
+        else:
+            while not (r := env.step(env.expert_action())).done:
+                pass
+            assert r.won
+
+
+def test_random_procedures_carry_their_text_and_avoid_benchmark_verbs():
+    tasks = Chores.make_tasks("train", 50, seed=0, source="random")
+    verbs = {t.payload["verb"] for t in tasks}
+    assert len(verbs) > 5 and not verbs & {s["verb"] for s in BENCHMARK.values()}
+    t = tasks[0]
+    assert t.payload["procedure"] == procedure_text(t.payload["verb"], tuple(t.payload["steps"]),
+                                                    t.payload["dest"])
+    for step in t.payload["steps"]:
+        assert f"use the {step} in the" in t.payload["procedure"]
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="splits"):
+        Chores.make_tasks("valid", 1)
+    with pytest.raises(ValueError, match="source"):
+        Chores.make_tasks("train", 1, source="nope")
