@@ -11,6 +11,10 @@ Each env class provides:
 - `admissible_actions()`: the valid commands in the current state (None when the game has none);
 - `expert_action()`: the expert policy's next action from the current state.
 
+`reset`'s info carries "goal" (the task instruction, one line, shown in every prompt) and, where
+the game has them, "admissible_actions"; every info carries "valid" (False: the action did not
+apply).
+
 Episodes end on success (reward `success_reward`, `won=True`), on a terminal failure the game
 defines, or when `max_steps` actions have been taken (`truncated`). Invalid actions never end an
 episode; they cost a step and return the game's "Nothing happens."-style observation with

@@ -160,8 +160,7 @@ class Chores(Env):
         # Where every loose object is: a room (on the floor) or a receptacle.
         self.where = {o: room for room, objs in p["distractors"].items() for o in objs}
         self.where[self.obj] = p["object_room"]
-        obs = f"Your task: {p['goal']} " + self._describe()
-        return obs, self._info(valid=True)
+        return self._describe(), self._info(valid=True, goal=p["goal"])
 
     def _visible(self) -> list[str]:
         return sorted(o for o, w in self.where.items()

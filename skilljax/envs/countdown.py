@@ -176,7 +176,10 @@ class Countdown(Env):
         self.history: list[tuple[list[int], dict[str, Any]]] = []   # (pool before, op) per op
         self.steps = 0
         self.done = False
-        return self._observation(""), self._info(self.pool, None, valid=True)
+        info = self._info(self.pool, None, valid=True)
+        info["goal"] = (f"combine the numbers {', '.join(map(str, self.initial))} with + - * / "
+                        f"into exactly {self.target}, one operation per step.")
+        return self._observation(""), info
 
     def step(self, action: str) -> StepResult:
         if self._task is None or self.done:

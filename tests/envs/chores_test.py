@@ -33,7 +33,8 @@ def test_step_semantics_by_hand():
         procedure=procedure_text("clean", ("soap", "basin"), "desk")))
     env = Chores()
     obs, info = env.reset(task)
-    assert obs.startswith("Your task: clean the mug and put it in the desk. You are in the kitchen.")
+    assert info["goal"] == "clean the mug and put it in the desk."
+    assert obs.startswith("You are in the kitchen. You see: sink, stove, knife,")
     assert "take mug" in info["admissible_actions"] and "use sink" in info["admissible_actions"]
     r = env.step("use sink")  # the decoy: the kitchen sink does not clean
     assert r.observation.startswith("Nothing happens.") and r.info["valid"] and r.info["progress"] == 0

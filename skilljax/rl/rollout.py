@@ -1,0 +1,306 @@
+"""The host rollout loop: tasks → prompts → sampler ↔ env pool → step samples and trajectories.
+
+For a batch of tasks, each played by G rollouts (a group), every turn builds one prompt per live
+episode, generates all responses in one sampler call, parses an action from each, and steps all
+envs in one pool call, until every episode is done or `max_turns` is reached.
+
+A step sample is one env step (DESIGN §4): its prompt is that step's whole prompt (role, task,
+skill context, the last `history_length` (observation, action) pairs, the current observation and
+admissible actions, the output-format instruction) and its response is that step's generation. The
+ids stored are exactly the ids the sampler consumed and produced; the prompt is tokenised piece by
+piece, so the skill / history / observation / template token counts add up to its length exactly.
+
+Prompt layout and action parsing follow the released SKILL0 ALFWorld manager
+(`shared/reference/skill0_released_code.md` §4.2), in our own words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from skilljax.envs.base import Task
+from skilljax.envs.pool import EnvPool
+from skilljax.sampling import Sampler, SampleOutput, SamplingParams
+from skilljax.tokenizer import IM_END, IM_START, Tokenizer
+
+PROMPT_PARTS = ("skill", "history", "observation", "template")
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+# ---------------------------------------------------------------------------- response format
+
+@dataclasses.dataclass(frozen=True)
+class ThinkAction:
+    """`<think>…</think>` then `<action>…</action>` (SKILL0's ALFWorld projection, §4.2).
+
+    Invalid: action tags missing or repeated (action "" then), think tags missing or repeated when
+    required, CJK text, or undecodable bytes (U+FFFD). An action extracted from an otherwise invalid
+    response is still executed; only the penalty applies, as in the released code.
+    """
+    require_think: bool = True
+    instruction: str = ("First reason step by step inside <think> </think>, then give exactly one "
+                        "admissible action inside <action> </action>.")
+
+    def render(self, action: str, thought: str = "") -> str:
+        """The response that states `action` in this format (expert data for the warm start)."""
+        return f"<think>{thought}</think><action>{action}</action>"
+
+    def parse(self, text: str) -> tuple[str, bool, str]:
+        """(action, valid, reason)."""
+        low = text.lower()
+        if low.count("<action>") != 1 or low.count("</action>") != 1:
+            return "", False, "action tags missing or repeated"
+        start, end = low.index("<action>") + len("<action>"), low.index("</action>")
+        if end < start:
+            return "", False, "action tags out of order"
+        action = " ".join(text[start:end].split()).lower()
+        if "\ufffd" in text:
+            return action, False, "undecodable bytes"
+        if _CJK.search(text):
+            return action, False, "CJK characters"
+        if self.require_think and (text.count("<think>") != 1 or text.count("</think>") != 1):
+            return action, False, "think tags missing or repeated"
+        return action, True, ""
+
+
+# ---------------------------------------------------------------------------- prompts
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+    role: str = "You are an expert agent acting in a text environment."
+    history_length: int = 2
+    show_admissible: bool = True
+    system_prompt: str | None = None
+    max_prompt_tokens: int | None = None  # drop oldest history records to fit; error if still over
+
+
+@dataclasses.dataclass
+class Prompt:
+    ids: list[int]
+    counts: dict[str, int]  # PROMPT_PARTS → tokens
+    text: str
+
+
+def _oneline(s: str) -> str:
+    return " ".join(s.split())
+
+
+def build_prompt(tok: Tokenizer, cfg: PromptConfig, fmt, *, goal: str, observation: str,
+                 history: Sequence[tuple[str, str]], step: int, skill_context: str = "",
+                 admissible: Sequence[str] | None = None) -> Prompt:
+    """One user turn (after an optional system turn), tokenised piece by piece.
+
+    Every piece boundary is one byte-level BPE pre-tokenisation never merges across (after a
+    newline, or between punctuation and " word"), so the ids equal `tok.chat(...)` of the text.
+    """
+    records = list(history[-cfg.history_length:]) if cfg.history_length > 0 else []
+    while True:
+        pieces: list[tuple[str, str]] = []
+        if cfg.system_prompt is not None:
+            pieces.append(("template", f"{IM_START}system\n{cfg.system_prompt}{IM_END}\n"))
+        pieces.append(("template", f"{IM_START}user\n{cfg.role}\nYour task is to:"))
+        pieces.append(("observation", f" {_oneline(goal)}\n"))
+        if skill_context.strip():
+            pieces.append(("skill", skill_context.strip() + "\n"))
+        if records:
+            pieces.append(("template", f"Before this step you took {step} step(s). Your last "
+                           f"{len(records)} observation(s) and action(s):\n"))
+            pieces.append(("history", "".join(f"[Observation]: {_oneline(o)} [Action]: "
+                                              f"{_oneline(a) or '(none)'}\n" for o, a in records)))
+        pieces.append(("template", f"Step {step + 1}. Current observation:"))
+        pieces.append(("observation", f" {_oneline(observation)}\n"))
+        if cfg.show_admissible and admissible:
+            pieces.append(("template", "Admissible actions:"))
+            pieces.append(("observation", " [" + ", ".join(admissible) + "]\n"))
+        pieces.append(("template", f"{fmt.instruction}{IM_END}\n{IM_START}assistant\n"))
+        ids, counts = [], dict.fromkeys(PROMPT_PARTS, 0)
+        for part, text in pieces:
+            piece_ids = tok.encode(text)
+            ids += piece_ids
+            counts[part] += len(piece_ids)
+        if cfg.max_prompt_tokens is None or len(ids) <= cfg.max_prompt_tokens:
+            return Prompt(ids, counts, "".join(t for _, t in pieces))
+        if not records:
+            raise ValueError(f"Prompt of {len(ids)} tokens exceeds max_prompt_tokens="
+                             f"{cfg.max_prompt_tokens} even without history; raise the limit or "
+                             "shorten the skill context.")
+        records = records[1:]
+
+
+# ---------------------------------------------------------------------------- outputs
+
+@dataclasses.dataclass
+class StepSample:
+    prompt_ids: list[int]
+    response_ids: list[int]      # as generated, through the stop token
+    logprobs: np.ndarray         # [len(response_ids)] policy logprobs (GRPO's old logprobs)
+    episode: int                 # index into RolloutResult.trajectories
+    group: int                   # index of the task in the batch (GRPO group)
+    step: int
+    action: str
+    valid: bool
+    invalid_reason: str
+    reward: float                # the env reward of this step
+    truncated_response: bool     # hit max_new_tokens without a stop token
+    counts: dict[str, int]       # skill/history/observation/template/response tokens
+
+
+@dataclasses.dataclass
+class Trajectory:
+    task: Task
+    group: int
+    seed: int
+    actions: list[str] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    valid: list[bool] = dataclasses.field(default_factory=list)
+    samples: list[int] = dataclasses.field(default_factory=list)  # indices into .samples
+    won: bool = False
+    done: bool = False
+    failure: str | None = None   # env crash / timeout reason
+
+    @property
+    def steps(self) -> int:
+        return len(self.actions)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.rewards))
+
+
+@dataclasses.dataclass
+class RolloutResult:
+    samples: list[StepSample]
+    trajectories: list[Trajectory]
+    stats: dict[str, float]
+
+
+# ---------------------------------------------------------------------------- the loop
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 8
+    max_turns: int = 50
+    sampling: SamplingParams = SamplingParams(max_new_tokens=64)
+    prompt: PromptConfig = PromptConfig()
+
+
+def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Sequence[Task],
+            cfg: RolloutConfig, rng: jax.Array, *, seeds: Sequence[int] | None = None,
+            skill_context: Callable[[Task], str] | Mapping[str, str] | None = None,
+            fmt=ThinkAction(), expert: bool = False) -> RolloutResult:
+    """Plays every task `group_size` times; all members of a group get the same env seed.
+
+    With `expert=True` the env's expert acts instead of the sampler (responses rendered by
+    `fmt.render`, logprobs 0): the same prompts, for supervised warm-start data.
+    """
+    n_groups, g = len(tasks), cfg.group_size
+    seeds = list(seeds) if seeds is not None else list(range(n_groups))
+    trajs = [Trajectory(task, i // g, seeds[i // g]) for i, task in
+             enumerate(t for t in tasks for _ in range(g))]
+    contexts = [_context(skill_context, t.task) for t in trajs]
+    params = dataclasses.replace(cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids
+                                 or tok.stop_ids)
+    t_start = time.perf_counter()
+    resets = pool.reset([t.task for t in trajs], [t.seed for t in trajs])
+    env_s, sample_s = time.perf_counter() - t_start, 0.0
+    obs, admissible, goal, history = {}, {}, {}, {}
+    for i, r in enumerate(resets):
+        if r.failure:
+            trajs[i].done, trajs[i].failure = True, r.failure
+        else:
+            obs[i], admissible[i] = r.observation, r.info.get("admissible_actions")
+            goal[i], history[i] = r.info.get("goal") or r.observation, []
+    samples: list[StepSample] = []
+    for turn in range(cfg.max_turns):
+        live = [i for i, t in enumerate(trajs) if not t.done]
+        if not live:
+            break
+        prompts = [build_prompt(tok, cfg.prompt, fmt, goal=goal[i], observation=obs[i],
+                                history=history[i], step=turn, skill_context=contexts[i],
+                                admissible=admissible[i]) for i in live]
+        rng, key = jax.random.split(rng)
+        t0 = time.perf_counter()
+        if expert:
+            out = _expert_output(tok, fmt, pool, live)
+        else:
+            out = sampler.generate([p.ids for p in prompts], params, key)
+        sample_s += time.perf_counter() - t0
+        actions = {}
+        for j, i in enumerate(live):
+            text = tok.decode(out.token_ids[j], skip_special_tokens=True)
+            action, valid, reason = fmt.parse(text)
+            actions[i] = action
+            counts = dict(prompts[j].counts, response=len(out.token_ids[j]))
+            trajs[i].samples.append(len(samples))
+            samples.append(StepSample(prompts[j].ids, list(out.token_ids[j]), out.logprobs[j], i,
+                                      trajs[i].group, turn, action, valid, reason, 0.0,
+                                      out.finish_reasons[j] == "length", counts))
+        t0 = time.perf_counter()
+        results = pool.step(actions)
+        env_s += time.perf_counter() - t0
+        for i, r in results.items():
+            t, s = trajs[i], samples[trajs[i].samples[-1]]
+            s.reward = r.reward
+            t.actions.append(actions[i])
+            t.rewards.append(r.reward)
+            t.valid.append(s.valid)
+            history[i].append((obs[i], actions[i]))
+            obs[i], admissible[i] = r.observation, r.info.get("admissible_actions")
+            if r.done:
+                t.done, t.won = True, bool(r.won)
+                t.failure = r.info.get("failure")
+    wall = time.perf_counter() - t_start
+    n = max(len(samples), 1)
+    stats = dict(
+        wall_s=wall, env_s=env_s, sample_s=sample_s, env_steps=len(samples),
+        steps_per_s=len(samples) / wall if wall else 0.0,
+        success_rate=float(np.mean([t.won for t in trajs])) if trajs else 0.0,
+        invalid_rate=sum(not s.valid for s in samples) / n,
+        failures=sum(t.failure is not None for t in trajs),
+        **{f"tokens_{k}": sum(s.counts[k] for s in samples) / n for k in PROMPT_PARTS + ("response",)})
+    return RolloutResult(samples, trajs, stats)
+
+
+def _expert_output(tok: Tokenizer, fmt, pool: EnvPool, live: list[int]) -> SampleOutput:
+    acts = pool.expert_actions(live)
+    ids = [tok.encode(fmt.render(acts[i])) + [tok.im_end_id] for i in live]
+    return SampleOutput(ids, [np.zeros(len(x), np.float32) for x in ids],
+                        np.array([len(x) for x in ids]), ["stop"] * len(ids))
+
+
+def _context(skill_context, task: Task) -> str:
+    if skill_context is None:
+        return ""
+    if callable(skill_context):
+        return skill_context(task)
+    return skill_context.get(task.type, "")
+
+
+# ---------------------------------------------------------------------------- learner batches
+
+def collate(samples: Sequence[StepSample], advantages: Sequence[float], pad_id: int,
+            length: int | None = None) -> dict[str, np.ndarray]:
+    """Step samples → right-padded arrays for `learner.Batch` (prompt then response per row)."""
+    t = length or max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    b = len(samples)
+    tokens = np.full((b, t), pad_id, np.int32)
+    loss_mask = np.zeros((b, t), np.float32)
+    attn_mask = np.zeros((b, t), np.int32)
+    old_logp = np.zeros((b, t), np.float32)
+    for r, s in enumerate(samples):
+        p, n = len(s.prompt_ids), len(s.response_ids)
+        if p + n > t:
+            raise ValueError(f"Sample {r} has {p + n} tokens, more than length={t}.")
+        tokens[r, :p + n] = s.prompt_ids + s.response_ids
+        attn_mask[r, :p + n] = 1
+        loss_mask[r, p:p + n] = 1
+        old_logp[r, p:p + n] = s.logprobs
+    return dict(tokens_BT=tokens, loss_mask_BT=loss_mask, attn_mask_BT=attn_mask,
+                old_logp_BT=old_logp, advantages_B=np.asarray(advantages, np.float32))

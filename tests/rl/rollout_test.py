@@ -1,0 +1,183 @@
+import jax
+import numpy as np
+import pytest
+
+from skilljax import models
+from skilljax.envs.chores import Chores
+from skilljax.envs.pool import EnvPool
+from skilljax.rl import learner
+from skilljax.rl.rollout import (PROMPT_PARTS, PromptConfig, RolloutConfig, ThinkAction,
+                                 build_prompt, collate, rollout)
+from skilljax.sampling import Sampler, SampleOutput, SamplingParams
+from skilljax.tokenizer import Tokenizer
+
+FMT = ThinkAction()
+
+
+def chores_texts():
+    env, texts = Chores(), []
+    for t in Chores.make_tasks("train", 60, seed=0) + Chores.make_tasks("train", 60, 0, "random"):
+        obs, info = env.reset(t)
+        texts += [obs, info["goal"], t.payload["procedure"], " ".join(info["admissible_actions"])]
+        while True:
+            a = env.expert_action()
+            r = env.step(a)
+            texts += [f"<think>{a}</think><action>{a}</action>", r.observation]
+            if r.done:
+                break
+    return texts
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.train(chores_texts(), vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with EnvPool("chores", num_workers=2) as p:
+        yield p
+
+
+class Recording:
+    """Wraps a Sampler and keeps each call's prompts and outputs."""
+
+    def __init__(self, sampler):
+        self.sampler, self.calls = sampler, []
+
+    def generate(self, token_ids, params, rng):
+        out = self.sampler.generate(token_ids, params, rng)
+        self.calls.append(([list(t) for t in token_ids], out))
+        return out
+
+
+class Scripted:
+    """Answers every prompt with the next of a fixed list of token sequences."""
+
+    def __init__(self, responses):
+        self.responses, self.i = responses, 0
+
+    def generate(self, token_ids, params, rng):
+        out = []
+        for _ in token_ids:
+            out.append(self.responses[self.i % len(self.responses)])
+            self.i += 1
+        return SampleOutput(out, [np.zeros(len(o), np.float32) for o in out],
+                            np.array([len(o) for o in out]), ["stop"] * len(out))
+
+
+@pytest.mark.parametrize("which", ["trained", "qwen"])
+def test_prompt_pieces_tokenise_like_the_whole_chat(which, tok, qwen3_tokenizer_dir):
+    t = tok if which == "trained" else Tokenizer.load(qwen3_tokenizer_dir)
+    history = [("You are in the kitchen. You see: sink, mug.", "take mug"),
+               ("You take the mug.\nYou hold: mug.", ""), ("Nothing happens.", "go to bathroom")]
+    cfg = PromptConfig(history_length=2, system_prompt="Be brief.")
+    p = build_prompt(t, cfg, FMT, goal="clean the mug and put it in the desk.",
+                     observation="You are in the bathroom.  You see: soap, basin.", history=history,
+                     step=3, skill_context="### CLEAN ###\nTo clean an item: use the soap.",
+                     admissible=["use soap", "use basin", "go to kitchen"])
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": p.text.split("<|im_start|>user\n", 1)[1]
+                 .split("<|im_end|>")[0]}]
+    assert p.ids == t.chat(messages)
+    assert sum(p.counts.values()) == len(p.ids) and set(p.counts) == set(PROMPT_PARTS)
+    assert p.counts["skill"] == len(t.encode("### CLEAN ###\nTo clean an item: use the soap.\n"))
+    # The history window: only the last two records, newlines flattened.
+    assert "take mug" not in p.text and "You take the mug. You hold: mug. [Action]: (none)" in p.text
+    assert "[Action]: go to bathroom" in p.text
+
+
+def test_prompt_limit_drops_oldest_history_then_fails(tok):
+    history = [(f"observation number {i} " * 5, f"go to kitchen") for i in range(6)]
+    kw = dict(goal="heat the egg.", observation="You are in the garage.", history=history, step=6)
+    full = build_prompt(tok, PromptConfig(history_length=6), FMT, **kw)
+    limit = len(full.ids) - 10
+    cut = build_prompt(tok, PromptConfig(history_length=6, max_prompt_tokens=limit), FMT, **kw)
+    assert len(cut.ids) <= limit and cut.counts["history"] < full.counts["history"]
+    assert "observation number 0" not in cut.text and "observation number 5" in cut.text
+    with pytest.raises(ValueError, match="max_prompt_tokens=5 even without history"):
+        build_prompt(tok, PromptConfig(max_prompt_tokens=5), FMT, **kw)
+
+
+@pytest.mark.parametrize("text,action,valid", [
+    ("<think>go</think><action>Take  Mug</action>", "take mug", True),
+    ("take mug", "", False),
+    ("<think>a</think><action>take mug</action><action>go to kitchen</action>", "", False),
+    ("<action>take mug</action>", "take mug", False),             # executed, but penalised
+    ("<think>a</think><think>b</think><action>x</action>", "x", False),
+    ("</action>x<action>", "", False),
+    ("<think>好</think><action>take mug</action>", "take mug", False),
+    ("<think>\ufffd</think><action>take mug</action>", "take mug", False),
+])
+def test_think_action_parsing(text, action, valid):
+    got_action, got_valid, reason = FMT.parse(text)
+    assert (got_action, got_valid) == (action, valid) and (reason == "") == valid
+
+
+def test_rollout_records_exactly_what_the_sampler_saw(tok, pool):
+    _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
+    rec = Recording(Sampler(model, pad_id=tok.pad_id))
+    tasks = Chores.make_tasks("train", 2, seed=0)
+    cfg = RolloutConfig(group_size=3, max_turns=4,
+                        sampling=SamplingParams(max_new_tokens=12, temperature=1.0),
+                        prompt=PromptConfig(history_length=2))
+    res = rollout(rec, tok, pool, tasks, cfg, jax.random.key(0), seeds=[5, 9],
+                  skill_context={"clean": "### CLEAN ###\nuse soap then basin."})
+    assert [t.group for t in res.trajectories] == [0, 0, 0, 1, 1, 1]
+    assert [t.seed for t in res.trajectories] == [5, 5, 5, 9, 9, 9]
+    # A random tiny policy emits garbage: every step is invalid, costs a step, nothing crashes.
+    assert all(t.steps == 4 and not t.won and t.failure is None for t in res.trajectories)
+    assert res.stats["invalid_rate"] == 1.0 and len(res.samples) == 24 == len(rec.calls) * 6
+    k = 0
+    for prompts, out in rec.calls:
+        for j in range(len(prompts)):
+            s = res.samples[k]
+            assert s.prompt_ids == prompts[j] and s.response_ids == out.token_ids[j]
+            np.testing.assert_array_equal(s.logprobs, out.logprobs[j])
+            assert sum(s.counts[p] for p in PROMPT_PARTS) == len(s.prompt_ids)
+            assert s.counts["response"] == len(s.response_ids)
+            assert (s.counts["skill"] > 0) == (res.trajectories[s.episode].task.type == "clean")
+            k += 1
+    # History window: step 3's prompt holds steps 1 and 2, not step 0.
+    last = tok.decode(res.samples[-1].prompt_ids)
+    assert last.count("[Observation]:") == 2 and "Your last 2 observation(s)" in last
+    # Collated for the learner, the stored logprobs are the policy's (recomputed by a forward pass).
+    arrays = collate(res.samples, np.zeros(len(res.samples)), tok.pad_id)
+    logp, _ = learner.token_logprobs(model, arrays["tokens_BT"], arrays["attn_mask_BT"])
+    mask = arrays["loss_mask_BT"] > 0
+    np.testing.assert_allclose(np.asarray(logp)[mask], arrays["old_logp_BT"][mask], atol=2e-5)
+    assert mask.sum() == sum(len(s.response_ids) for s in res.samples)
+
+
+def test_scripted_responses_valid_invalid_and_bytes(tok, pool):
+    enc = lambda s: tok.encode(s) + [tok.im_end_id]
+    task = Chores.make_tasks("test", 1, seed=0)[0]
+    env = Chores()
+    env.reset(task)
+    first = env.expert_action()
+    responses = [
+        enc(f"<think>fetch it</think><action>{first}</action>"),
+        enc("no tags at all"),
+        enc("<think>x</think><action>use sink</action><action>use stove</action>"),
+        [tok.tok.token_to_id("Ã"), tok.im_end_id],   # a lone UTF-8 lead byte
+    ]
+    res = rollout(Scripted(responses), tok, pool, [task], RolloutConfig(group_size=4, max_turns=1),
+                  jax.random.key(0))
+    got = [(s.action, s.valid, s.invalid_reason) for s in res.samples]
+    assert got[0] == (first, True, "")
+    assert got[1] == ("", False, "action tags missing or repeated")
+    assert got[2] == ("", False, "action tags missing or repeated")
+    assert got[3][1] is False
+    assert [t.steps for t in res.trajectories] == [1, 1, 1, 1]
+    assert [s.counts["response"] for s in res.samples] == [len(r) for r in responses]
+
+
+def test_expert_rollout_wins_and_rewards_recorded(tok, pool):
+    tasks = Chores.make_tasks("test", 3, seed=2)
+    res = rollout(None, tok, pool, tasks, RolloutConfig(group_size=2, max_turns=20),
+                  jax.random.key(0), expert=True)
+    assert all(t.won and t.total_reward == 10.0 for t in res.trajectories)
+    assert res.stats["success_rate"] == 1.0 and res.stats["invalid_rate"] == 0.0
+    assert all(t.rewards[-1] == 10.0 and sum(t.rewards[:-1]) == 0 for t in res.trajectories)
+    s = res.samples[0]
+    assert tok.decode(s.response_ids) == f"<think></think><action>{s.action}</action><|im_end|>"
