@@ -1,0 +1,14 @@
+"""The rollout benchmark runs end to end (figures go in the issue note, not asserted here)."""
+
+import json
+
+from tests.conftest import run_module
+
+
+def test_bench_rollout_runs():
+    proc = run_module("skilljax.tools.bench_rollout", "--tasks", 1, "--group", 2, "--turns", 2,
+                      "--max-new-tokens", 4, "--repeats", 1, "--workers", 1)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["episodes"] == 2
+    for mode in ("policy", "expert"):
+        assert out[mode]["steps_per_s"] > 0 and out[mode]["prompt_tokens"] > 50
