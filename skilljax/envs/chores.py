@@ -16,7 +16,14 @@ Two task sources:
   follow skill text rather than the benchmark's conventions.
 
 Actions: `go to ROOM`, `take OBJECT` (one object in hand), `use DEVICE`, `put OBJECT in RECEPTACLE`.
+Taking, using and putting walk to the right room first (one step in all): rooms shape what one
+sees, but a policy need not learn the floor plan — only the procedures, which is the point.
 Anything else, or an action that does not apply, is "Nothing happens." and costs a step.
+
+Observations are short and Markov: the room, and what is held with the devices
+already used on it ("You hold: egg (used: freezer)"; "; ready" once the procedure is complete).
+The goal says where the object starts. So the state never needs the history; what it never shows is
+what comes next: that is the procedure.
 """
 
 from __future__ import annotations
@@ -69,16 +76,24 @@ RANDOM_VERBS = ("polish", "rinse", "dust", "wrap", "seal", "stamp", "tune", "pre
 
 
 def procedure_text(verb: str, steps: tuple[str, ...], dest: str | None) -> str:
-    """The procedure in the words skill files and randomised tasks use."""
-    parts = [f"To {verb} an item: take it"]
-    parts += [f"use the {d} in the {ROOM_OF[d]}" for d in steps]
-    text = ", then ".join(parts) + "."
+    """The procedure in the words skill files and randomised tasks use.
+
+    Devices are listed back to back ("use heater, basin, soap in this order") rather than each with
+    its room: the held object's state names the devices already used, so the next one is the name
+    after the last used one — a lookup a tiny policy can learn. Rooms are world knowledge (`ROOMS`).
+    """
+    if len(steps) > 1:
+        text = f"To {verb} an item: take it, use {', '.join(steps)} in this order"
+    elif steps:
+        text = f"To {verb} an item: take it, use {steps[0]}"
+    else:
+        text = f"To {verb} an item: take it"
     if dest == "home":
-        return text + " Then put it in its home: dishes in the cabinet, food in the basket, " \
+        return text + ", then put it in its home: dishes in the cabinet, food in the basket, " \
                       "paper in the shelf, cloth in the wardrobe, tools in the toolbox."
     if dest is None:
-        return text + " Holding it under the last device is enough."
-    return text + " Then put it where the task says."
+        return text + ", and keep holding it."
+    return text + ", then put it where the task says."
 
 
 def _task_text(verb: str, obj: str, dest: str | None) -> str:
@@ -102,7 +117,7 @@ def _payload(rng: random.Random, verb, obj, obj_room, dest, steps) -> dict[str, 
     distractors = {room: [o] for room, o in zip(ROOMS, picks)}
     return dict(verb=verb, object=obj, object_room=obj_room, dest=dest_name, steps=list(steps),
                 start_room=rng.choice(list(ROOMS)), distractors=distractors,
-                goal=_task_text(verb, obj, dest),
+                goal=f"{_task_text(verb, obj, dest)} The {obj} is in the {obj_room}.",
                 procedure=procedure_text(verb, tuple(steps), dest))
 
 
@@ -162,26 +177,22 @@ class Chores(Env):
         self.where[self.obj] = p["object_room"]
         return self._describe(), self._info(valid=True, goal=p["goal"])
 
-    def _visible(self) -> list[str]:
-        return sorted(o for o, w in self.where.items()
-                      if w == self.room or ROOM_OF.get(w) == self.room)
-
     def _describe(self) -> str:
-        f = ROOMS[self.room]
-        things = list(f["devices"]) + list(f["receptacles"])
-        things += [o if self.where[o] == self.room else f"{o} in the {self.where[o]}"
-                   for o in self._visible()]
-        return (f"You are in the {self.room}. You see: {', '.join(things)}. "
-                f"You hold: {self.held or 'nothing'}.")
+        # Short on purpose (DESIGN §6): where you are and what you hold. What the rooms contain is
+        # in the admissible actions; acting walks to the right room anyway.
+        held = self.held or "nothing"
+        if self.held == self.obj and self.progress:  # the object's state, not what comes next
+            done = self.progress == len(self.steps)
+            held += f" (used: {', '.join(self.steps[:self.progress])}{'; ready' if done else ''})"
+        return f"You are in the {self.room}. You hold: {held}."
 
     def admissible_actions(self) -> list[str]:
-        f = ROOMS[self.room]
         acts = [f"go to {r}" for r in ROOMS if r != self.room]
         if self.held is None:
-            acts += [f"take {o}" for o in self._visible()]
-        acts += [f"use {d}" for d in f["devices"]]
+            acts += [f"take {o}" for o in sorted(self.where)]
+        acts += [f"use {d}" for d in DEVICES]
         if self.held is not None:
-            acts += [f"put {self.held} in {r}" for r in f["receptacles"]]
+            acts += [f"put {self.held} in {r}" for r in RECEPTACLES]
         return acts
 
     def _info(self, valid: bool, **extra) -> dict[str, Any]:
@@ -211,36 +222,39 @@ class Chores(Env):
                           self.done, won=won, truncated=truncated,
                           info=self._info(valid=valid, action=act if valid else ""))
 
+    def _walk(self, room: str) -> str:
+        if room == self.room:
+            return ""
+        self.room = room
+        return f"You walk to the {room}. "
+
     def _apply(self, act: str) -> str:
         verb, _, rest = act.partition(" ")
         if verb == "go":
-            self.room = rest[len("to "):]
-            return f"You go to the {self.room}."
+            return self._walk(rest[len("to "):]).strip() or "You are already here."
         if verb == "take":
+            loc = self.where.pop(rest)
             self.held = rest
-            del self.where[rest]
-            return f"You take the {rest}."
+            return f"{self._walk(ROOM_OF.get(loc, loc))}You take the {rest}."
         if verb == "put":
             obj, _, recep = rest.partition(" in ")
             self.where[obj], self.held = recep, None
-            return f"You put the {obj} in the {recep}."
+            return f"{self._walk(ROOM_OF[recep])}You put the {obj} in the {recep}."
+        walk = self._walk(ROOM_OF[rest])
         # use DEVICE: advances the procedure only for its next device, with the object in hand.
         if (self.held == self.obj and self.progress < len(self.steps)
                 and self.steps[self.progress] == rest):
             self.progress += 1
             done = " It is ready." if self.progress == len(self.steps) else ""
-            return f"You use the {rest} on the {self.obj}.{done}"
-        return self.invalid_observation
+            return f"{walk}You use the {rest} on the {self.obj}.{done}"
+        return f"{walk}{self.invalid_observation}"
 
     def expert_action(self) -> str:
         """Shortest completion from any state: fetch the object, run the procedure, deliver."""
         if self.held is not None and self.held != self.obj:
             return f"put {self.held} in {ROOMS[self.room]['receptacles'][0]}"
         if self.held is None:
-            loc = self.where[self.obj]
-            room = ROOM_OF.get(loc, loc)
-            return f"take {self.obj}" if room == self.room else f"go to {room}"
-        target = (self.steps[self.progress] if self.progress < len(self.steps) else self.dest)
-        if ROOM_OF[target] != self.room:
-            return f"go to {ROOM_OF[target]}"
-        return f"use {target}" if self.progress < len(self.steps) else f"put {self.obj} in {target}"
+            return f"take {self.obj}"
+        if self.progress < len(self.steps):
+            return f"use {self.steps[self.progress]}"
+        return f"put {self.obj} in {self.dest}"

@@ -50,7 +50,8 @@ class ThinkAction:
 
     def render(self, action: str, thought: str = "") -> str:
         """The response that states `action` in this format (expert data for the warm start)."""
-        return f"<think>{thought}</think><action>{action}</action>"
+        think = f"<think>{thought}</think>" if self.require_think or thought else ""
+        return f"{think}<action>{action}</action>"
 
     def parse(self, text: str) -> tuple[str, bool, str]:
         """(action, valid, reason)."""
@@ -105,7 +106,8 @@ def build_prompt(tok: Tokenizer, cfg: PromptConfig, fmt, *, goal: str, observati
         pieces: list[tuple[str, str]] = []
         if cfg.system_prompt is not None:
             pieces.append(("template", f"{IM_START}system\n{cfg.system_prompt}{IM_END}\n"))
-        pieces.append(("template", f"{IM_START}user\n{cfg.role}\nYour task is to:"))
+        role = f"{cfg.role}\n" if cfg.role else ""
+        pieces.append(("template", f"{IM_START}user\n{role}Your task is to:"))
         pieces.append(("observation", f" {_oneline(goal)}\n"))
         if skill_context.strip():
             pieces.append(("skill", skill_context.strip() + "\n"))
@@ -119,7 +121,8 @@ def build_prompt(tok: Tokenizer, cfg: PromptConfig, fmt, *, goal: str, observati
         if cfg.show_admissible and admissible:
             pieces.append(("template", "Admissible actions:"))
             pieces.append(("observation", " [" + ", ".join(admissible) + "]\n"))
-        pieces.append(("template", f"{fmt.instruction}{IM_END}\n{IM_START}assistant\n"))
+        instruction = f"{fmt.instruction}" if fmt.instruction else ""
+        pieces.append(("template", f"{instruction}{IM_END}\n{IM_START}assistant\n"))
         ids, counts = [], dict.fromkeys(PROMPT_PARTS, 0)
         for part, text in pieces:
             piece_ids = tok.encode(text)
