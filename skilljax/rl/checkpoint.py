@@ -80,8 +80,14 @@ class Checkpointer:
                 host = self.manager.restore(s, args=ocp.args.Composite(host=ocp.args.JsonRestore()))["host"]
                 if host["has_rng"]:
                     abstract["rng"] = jax.ShapeDtypeStruct((2,), np.uint32)
+                if optimizer is None:  # evaluation / export: read the parameters only
+                    restore_args = ocp.args.PyTreeRestore(
+                        abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+                        partial_restore=True)
+                else:
+                    restore_args = ocp.args.StandardRestore(abstract)
                 restored = self.manager.restore(s, args=ocp.args.Composite(
-                    arrays=ocp.args.StandardRestore(abstract)))["arrays"]
+                    arrays=restore_args))["arrays"]
             except Exception as e:  # orbax raises many types for damaged files
                 problems.append(f"step {s}: {type(e).__name__}: {str(e)[:200]}")
                 log.warning("Checkpoint step %d in %s is unreadable (%s); trying an older one.",

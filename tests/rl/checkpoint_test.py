@@ -87,3 +87,21 @@ def test_half_written_step_is_invisible(tmp_path):
     assert again.steps() == [1]
     step, _, host = again.restore(model, learner.optimizer)
     assert (step, host) == (1, {"step": 1})
+
+
+def test_params_only_restore(tmp_path):
+    model, learner = fresh()
+    learner.update(batches(1)[0])
+    ckpt = Checkpointer(tmp_path / "ckpt", async_save=False)
+    ckpt.save(3, model, learner.optimizer)
+    ckpt.close()
+    other, _ = fresh()  # evaluation: no optimizer to restore into
+    step, _, _ = Checkpointer(tmp_path / "ckpt").restore(other, None)
+    assert step == 3
+    for a, b in zip(jax.tree.leaves(nnx_params(model)), jax.tree.leaves(nnx_params(other))):
+        np.testing.assert_array_equal(a, b)
+
+
+def nnx_params(model):
+    from flax import nnx
+    return nnx.state(model, nnx.Param)

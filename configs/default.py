@@ -1,0 +1,98 @@
+"""SKILL0 at CPU scale on `chores` (DESIGN §6): the project's default main job.
+
+    python -m skilljax.train --config configs/default.py --workdir /tmp/skill0_default
+    python -m skilljax.train --config configs/default.py:runlocal --workdir /tmp/skill0_local
+
+A tiny Qwen-architecture policy is trained from scratch on a laptop CPU:
+1. a byte-level BPE tokenizer trained on the env's prompts;
+2. a supervised warm start on expert episodes of *randomised* chores procedures, each shown with
+   its own procedure text in the skill context: the policy learns to follow skill text, not the
+   benchmark's procedures;
+3. GRPO on the six benchmark task types with the SKILL0 curriculum: every `validate_every` steps
+   the validation tasks run with the active skill files and without any; files whose helpfulness
+   Δ_k is negative are dropped, the rest ranked by Δ_k and cut to the stage budget [6, 3, 0]
+   (paper eq. 6 with N = 6 files, N_S = 3 stages);
+4. evaluation on held-out task combinations with and without skills.
+
+Arguments (`:a=b,...`): `seed`, `runlocal` (a two-minute end-to-end smoke run), and `variant`
+(one of VARIANTS, the SKILL0 paper's Table 2 / Figure 7 ablations). `sweep()` runs every variant
+for two seeds: `python launch/sweep.py configs/default.py`.
+Hardware: 2 CPU cores. Expected time and results: see README "Results".
+"""
+
+import ml_collections
+
+from skilljax.config import parse_arg
+
+VARIANTS = {
+    "curriculum": {},
+    "fixed_full": {"skills.fixed_full": True},
+    "budget_full": {"skills.budgets": (6, 6, 6)},      # [N, N, N]: filter and rank, no decay
+    "budget_half": {"skills.budgets": (3, 3, 3)},      # [N/2, N/2, N/2]
+    "no_skills": {"skills.budgets": (0, 0, 0)},        # [0, 0, 0]: GRPO without skills
+    "no_filter": {"skills.filter": False},
+    "no_rank": {"skills.rank": "random"},
+}
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, seed=0, runlocal=False, variant="curriculum")
+    c = ml_collections.ConfigDict()
+    c.seed = arg.seed
+    c.mesh = ""  # e.g. "data=2": shard over devices; "" = one device
+
+    c.env = dict(name="chores", workers=2, timeout_s=60.0, kwargs={}, task_options={},
+                 train_tasks=600)
+    c.tokenizer = dict(path="", vocab_size=1024, corpus_tasks=300)
+    c.model = dict(checkpoint="tiny", dtype="float32",
+                   overrides=dict(num_layers=4, embed_dim=128, mlp_dim=320, num_heads=4,
+                                  num_kv_heads=4, head_dim=32))
+    # Prompts as the tiny policy reads them: Markov observations, no history, no admissible list.
+    c.prompt = dict(role="", history_length=0, show_admissible=False, require_think=False,
+                    instruction="", max_prompt_tokens=None)
+
+    c.sft = dict(steps=800, batch_size=32, learning_rate=3e-3, warmup_steps=20, tasks=600,
+                 with_skills=True, task_options={"source": "random"})
+
+    c.rl = dict(steps=60, tasks_per_step=6, group_size=8, max_turns=None, max_new_tokens=16,
+                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-4, weight_decay=0.0,
+                grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0, loss_agg="token-mean",
+                entropy_coef=0.0, kl_coef=0.0, kl_kind="k3", micro_batch_size=None, ppo_epochs=1,
+                advantage="grpo", invalid_penalty=0.1, drop_zero_advantage=True,
+                batch_multiple=64)
+
+    c.skills = dict(enabled=True, dir="", validate_every=10, num_stages=3, budgets=None,
+                    filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
+                    val_tasks_per_type=6)
+
+    c.eval = dict(tasks=60, temperature=0.0, samples_per_task=1, seeds=1)
+    c.checkpoint = dict(every=10, keep=2)
+    c.metrics = dict(tensorboard=True)
+
+    c = ml_collections.ConfigDict(c)
+    if arg.variant not in VARIANTS:
+        raise ValueError(f"Unknown variant {arg.variant!r}; choose one of {sorted(VARIANTS)}.")
+    for key, value in VARIANTS[arg.variant].items():
+        section, name = key.split(".")
+        c[section][name] = value
+
+    if arg.runlocal:
+        c.env.train_tasks = 24
+        c.tokenizer.corpus_tasks = 40
+        c.tokenizer.vocab_size = 512
+        c.model.overrides = dict(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2,
+                                 num_kv_heads=2, head_dim=32)
+        c.sft.steps, c.sft.tasks, c.sft.batch_size = 10, 30, 16
+        c.rl.steps, c.rl.tasks_per_step, c.rl.group_size, c.rl.max_turns = 4, 2, 2, 6
+        c.rl.batch_multiple = 16
+        c.skills.validate_every, c.skills.val_tasks_per_type = 2, 1
+        c.eval.tasks = 6
+        c.checkpoint.every = 2
+        c.metrics.tensorboard = False
+    return c
+
+
+def sweep(add, arg=None):
+    for seed in (0, 1):
+        for variant in VARIANTS:
+            add(arg=f"variant={variant},seed={seed}")

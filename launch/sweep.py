@@ -1,0 +1,93 @@
+"""Run a config's sweep: every run of its `sweep(add, arg)`, sequentially here, or print commands.
+
+    python launch/sweep.py configs/default.py [--arg runlocal] --workdir /tmp/sweep [--print]
+        [--summary]
+
+Each run trains in WORKDIR/<run name> (its config argument, made path-safe), so re-running the
+sweep resumes unfinished runs and skips finished ones (those with a summary.json). `--print` only
+prints one `python -m skilljax.train ...` command per run (to hand to a cluster scheduler).
+`--summary` prints a table of the finished runs' final evaluation (without / with skills success).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+
+def runs_of(config_path: str, arg: str | None) -> list[dict]:
+    spec = importlib.util.spec_from_file_location(Path(config_path).stem, config_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "sweep"):
+        raise SystemExit(f"{config_path} defines no sweep(add, arg).")
+    runs: list[dict] = []
+    module.sweep(lambda **kw: runs.append(kw), arg)
+    return runs
+
+
+def run_name(run: dict) -> str:
+    text = ",".join(f"{k}={v}" for k, v in sorted(run.items()) if k != "arg")
+    text = ",".join(filter(None, [run.get("arg", ""), text]))
+    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", text) or "default"
+
+
+def command(config_path: str, base_arg: str | None, run: dict, workdir: Path) -> list[str]:
+    arg = ",".join(filter(None, [base_arg, run.get("arg", "")]))
+    cmd = [sys.executable, "-m", "skilljax.train", "--config",
+           f"{config_path}:{arg}" if arg else config_path, "--workdir", str(workdir)]
+    cmd += [f"--config.{k}={v}" for k, v in sorted(run.items()) if k != "arg"]
+    return cmd
+
+
+def summary_table(root: Path, names: list[str]) -> str:
+    lines = ["| run | without skills (initial → final) | with skills (initial → final) |",
+             "| --- | --- | --- |"]
+    for name in names:
+        path = root / name / "summary.json"
+        if not path.exists():
+            lines.append(f"| {name} | (not finished) | |")
+            continue
+        ev = json.loads(path.read_text())["eval"]
+        cell = lambda mode: (f"{ev['initial'][mode]['success_rate']:.3f} → "
+                             f"{ev['final'][mode]['success_rate']:.3f}")
+        lines.append(f"| {name} | {cell('without_skills')} | {cell('with_skills')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("config")
+    p.add_argument("--arg", default=None, help="argument added to every run's config argument")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--print", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--summary", action="store_true", help="print the results table, run nothing")
+    args = p.parse_args(argv)
+    root = Path(args.workdir)
+    runs = runs_of(args.config, args.arg)
+    names = [run_name(r) for r in runs]
+    if args.summary:
+        print(summary_table(root, names))
+        return
+    for run, name in zip(runs, names):
+        cmd = command(args.config, args.arg, run, root / name)
+        if args.print:
+            print(shlex.join(cmd))
+            continue
+        if (root / name / "summary.json").exists():
+            print(f"[sweep] {name}: finished, skipped", flush=True)
+            continue
+        print(f"[sweep] {name}: {shlex.join(cmd)}", flush=True)
+        subprocess.run(cmd, check=True)
+    if not args.print:
+        print(summary_table(root, names))
+
+
+if __name__ == "__main__":
+    main()

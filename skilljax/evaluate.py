@@ -1,0 +1,92 @@
+"""Evaluation: success per task type with and without skills, pass@k / SC@k, prompt tokens per step.
+
+    python -m skilljax.evaluate --config configs/default.py[:arg] --workdir DIR [--checkpoint STEP]
+
+rebuilds the run's policy from DIR (its tokenizer and its latest or given checkpoint), plays the
+config's held-out test tasks with and without skills, prints the eval block as JSON and writes it to
+DIR/eval_<step>.json. `tokens_per_step` is the mean prompt length per env step in the policy's own
+tokens (the SKILL0 paper's context-cost metric). With k samples per task (temperature > 0), pass@k
+counts a task solved when any sample succeeds and SC@k when a strict majority does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+
+from skilljax.envs.base import Task
+from skilljax.envs.pool import EnvPool
+from skilljax.rl.rollout import PROMPT_PARTS, RolloutConfig, rollout
+from skilljax.sampling import Sampler
+from skilljax.tokenizer import Tokenizer
+
+
+def _block(results, k: int) -> dict:
+    won_by_task: dict[str, list[bool]] = {}
+    types: dict[str, str] = {}
+    prompt_tokens, steps = 0, 0
+    for res in results:
+        for t in res.trajectories:
+            key = f"{t.task.id}/{t.seed}"
+            won_by_task.setdefault(key, []).append(t.won)
+            types[key] = t.task.type
+        prompt_tokens += sum(sum(s.counts[p] for p in PROMPT_PARTS) for s in res.samples)
+        steps += len(res.samples)
+    per_type: dict[str, list[float]] = {}
+    for key, wins in won_by_task.items():
+        per_type.setdefault(types[key], []).extend(wins)
+    all_wins = [w for ws in won_by_task.values() for w in ws]
+    return {
+        "success_rate": float(np.mean(all_wins)) if all_wins else 0.0,
+        "per_task": {t: float(np.mean(v)) for t, v in sorted(per_type.items())},
+        "tokens_per_step": prompt_tokens / max(steps, 1),
+        f"pass@{k}": float(np.mean([any(w) for w in won_by_task.values()])),
+        f"sc@{k}": float(np.mean([sum(w) * 2 > len(w) for w in won_by_task.values()])),
+        "episodes": len(all_wins),
+        "mean_steps": steps / max(len(all_wins), 1),
+    }
+
+
+def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequence[Task],
+                    cfg: RolloutConfig, rng: jax.Array, *, contexts: Mapping[str, str] | None,
+                    fmt, samples_per_task: int = 1, seeds: Sequence[int] = (0,),
+                    modes: Sequence[str] = ("with_skills", "without_skills")) -> dict:
+    """{"with_skills": block, "without_skills": block}; blocks as the module docstring says.
+
+    Every task is played `samples_per_task` times per seed (the rollout group), with the given
+    skill contexts (task type → text) or none.
+    """
+    cfg = dataclasses.replace(cfg, group_size=samples_per_task)
+    out = {}
+    for mode in modes:
+        results = []
+        for j, seed in enumerate(seeds):
+            key = jax.random.fold_in(rng, j)
+            results.append(rollout(sampler, tok, pool, tasks, cfg, key,
+                                   seeds=[seed * 1_000_003 + i for i in range(len(tasks))],
+                                   skill_context=contexts if mode == "with_skills" else None,
+                                   fmt=fmt))
+        out[mode] = _block(results, samples_per_task)
+    return out
+
+
+def main(argv=None) -> None:
+    from skilljax import train as train_lib
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--checkpoint", type=int, default=None, help="step (default: the latest)")
+    args, overrides = p.parse_known_args(argv)
+    config = train_lib.load_config(args.config, overrides)
+    block = train_lib.evaluate_workdir(config, args.workdir, args.checkpoint)
+    print(json.dumps(block))
+
+
+if __name__ == "__main__":
+    main()

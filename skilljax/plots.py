@@ -1,0 +1,95 @@
+"""PNG figures of a training workdir (matplotlib, no display needed).
+
+`write_all(workdir)` draws, from metrics.jsonl and summary.json:
+- success.png: validation success with and without skills over steps (and train success);
+- deltas.png: Δ_k per skill file at every curriculum update (the SKILL0 paper's Figure 6);
+- skills.png: active skill files and the stage budget over steps;
+- tokens.png: prompt tokens per step by part (skill, history, observation, template).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from skilljax.metrics import read_metrics
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def write_all(workdir) -> list[Path]:
+    workdir = Path(workdir)
+    rows = read_metrics(workdir) if (workdir / "metrics.jsonl").exists() else []
+    out_dir = workdir / "plots"
+    out_dir.mkdir(exist_ok=True)
+    if not rows:
+        return []
+    plt = _pyplot()
+    written = []
+
+    def save(fig, name):
+        path = out_dir / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(steps, [r.get("success_rate", 0) for r in rows], color="0.75", lw=1,
+            label="train rollouts (active skills)")
+    val = [r for r in rows if "val_with_skills" in r]
+    if val:
+        ax.plot([r["step"] for r in val], [r["val_with_skills"] for r in val], "o-",
+                label="validation, with skills")
+        ax.plot([r["step"] for r in val], [r["val_without_skills"] for r in val], "s-",
+                label="validation, without skills")
+    ax.set(xlabel="RL step", ylabel="success rate", ylim=(-0.02, 1.02))
+    ax.legend(fontsize=8)
+    save(fig, "success.png")
+
+    if val and any(r.get("deltas") for r in val):
+        files = sorted({f for r in val for f in r.get("deltas", {})})
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        for f in files:
+            pts = [(r["step"], r["deltas"][f]) for r in val if f in r.get("deltas", {})]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f)
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set(xlabel="RL step", ylabel="Δ_k (with − without skills)")
+        ax.legend(fontsize=7)
+        save(fig, "deltas.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.step(steps, [r.get("active_skills", 0) for r in rows], where="post", label="active files")
+    ax.step(steps, [r.get("budget", 0) for r in rows], where="post", ls="--", label="budget M(s)")
+    ax.set(xlabel="RL step", ylabel="skill files")
+    ax.legend(fontsize=8)
+    save(fig, "skills.png")
+
+    parts = ("skill", "history", "observation", "template")
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.stackplot(steps, *[[r.get(f"tokens_{p}", 0) for r in rows] for p in parts], labels=parts)
+    ax.set(xlabel="RL step", ylabel="prompt tokens per env step")
+    ax.legend(fontsize=8, loc="upper right")
+    save(fig, "tokens.png")
+
+    summary = workdir / "summary.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        phases = [p for p in ("initial", "final") if p in s.get("eval", {})]
+        if phases:
+            fig, ax = plt.subplots(figsize=(4.5, 3.2))
+            for i, mode in enumerate(("with_skills", "without_skills")):
+                vals = [s["eval"][p][mode]["success_rate"] for p in phases]
+                ax.bar([j + 0.38 * i for j in range(len(phases))], vals, width=0.36,
+                       label=mode.replace("_", " "))
+            ax.set_xticks([j + 0.19 for j in range(len(phases))], phases)
+            ax.set(ylabel="test success rate", ylim=(0, 1))
+            ax.legend(fontsize=8)
+            save(fig, "eval.png")
+    return written

@@ -1,0 +1,36 @@
+"""Reward assembly: the score of each step sample, from plain functions of trajectories.
+
+A step sample's score is its trajectory's reward (the env's task reward, plus any trajectory-level
+terms a method adds: compression, segmentation cost, chain reward) minus the invalid-format penalty
+of that step alone, as in the released SKILL0 code (`invalid_action_penalty_coef`, subtracted from
+the step sample's score; `shared/reference/skill0_released_code.md` §4.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from skilljax.rl.rollout import RolloutResult, Trajectory
+
+TrajectoryTerm = Callable[[Trajectory], float]
+
+
+def task_reward(traj: Trajectory) -> float:
+    """The env's reward summed over the episode (10 on success in every env here)."""
+    return traj.total_reward
+
+
+def trajectory_rewards(result: RolloutResult, terms: Sequence[TrajectoryTerm] = ()) -> np.ndarray:
+    """[num trajectories] task reward + every extra term."""
+    return np.array([task_reward(t) + sum(f(t) for f in terms) for t in result.trajectories],
+                    np.float64)
+
+
+def sample_scores(result: RolloutResult, invalid_penalty: float = 0.0,
+                  terms: Sequence[TrajectoryTerm] = ()) -> np.ndarray:
+    """[num step samples] trajectory reward − invalid_penalty on the samples that were invalid."""
+    traj = trajectory_rewards(result, terms)
+    return np.array([traj[s.episode] - (0.0 if s.valid else invalid_penalty)
+                     for s in result.samples], np.float64)

@@ -1,0 +1,114 @@
+"""Supervised warm start: cross-entropy on expert step samples, loss on response tokens only.
+
+The samples come from `rollout(..., expert=True)`, so the prompts are exactly those the policy sees
+in RL (same template, history window and skill context); the response is the expert's action in the
+env's response format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from skilljax.models import qwen
+from skilljax.rl.learner import token_logprobs
+from skilljax.rl.rollout import StepSample, collate
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    learning_rate: float = 1e-3
+    warmup_steps: int = 20
+    steps: int = 200
+    batch_size: int = 32
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, cfg.learning_rate, min(cfg.warmup_steps, max(cfg.steps - 1, 0)), max(cfg.steps, 1),
+        end_value=cfg.learning_rate * 0.1)
+    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                       optax.adamw(schedule, weight_decay=cfg.weight_decay))
+
+
+def response_nll(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT):
+    """Mean negative log-likelihood per response token."""
+    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT)
+    n = jnp.maximum(loss_mask_BT.sum(), 1.0)
+    return -(logp_BT * loss_mask_BT).sum() / n
+
+
+@nnx.jit(donate_argnums=(0, 1))
+def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, attn_mask_BT):
+    loss, grads = nnx.value_and_grad(response_nll)(model, tokens_BT, loss_mask_BT, attn_mask_BT)
+    optimizer.update(model, grads)
+    return loss, optax.global_norm(grads)
+
+
+_eval_nll = nnx.jit(response_nll)
+
+
+def _batch(samples: Sequence[StepSample], pad_id: int, multiple: int = 32):
+    # Lengths rounded to a multiple (not a power of two): a few more compiles, much less padding.
+    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    length = -(-longest // multiple) * multiple
+    a = collate(samples, np.zeros(len(samples)), pad_id, length=length)
+    return a["tokens_BT"], a["loss_mask_BT"], a["attn_mask_BT"]
+
+
+def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_id: int,
+          seed: int = 0, log_every: int = 0, on_step=None) -> list[dict[str, float]]:
+    """`cfg.steps` optimiser steps on batches drawn without replacement (reshuffled per epoch).
+
+    Batch rows are grouped by length (a shuffled epoch is cut into chunks of 16 batches, each chunk
+    sorted by length) so padding stays small. `on_step(step, metrics)` is called after each step.
+    """
+    if not samples:
+        raise ValueError("SFT needs at least one expert step sample.")
+    optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
+    rng = np.random.default_rng(seed)
+    bs = min(cfg.batch_size, len(samples))
+    order: list[int] = []
+    history = []
+    for step in range(cfg.steps):
+        if len(order) < bs:
+            perm = list(rng.permutation(len(samples)))
+            chunk = bs * 16
+            for c in range(0, len(perm), chunk):
+                perm[c:c + chunk] = sorted(perm[c:c + chunk], key=lambda i: len(samples[i].prompt_ids))
+            batches = [perm[i:i + bs] for i in range(0, len(perm) - bs + 1, bs)]
+            rng.shuffle(batches)
+            order = [i for b in batches for i in b]
+        idx, order = order[:bs], order[bs:]
+        t0 = time.perf_counter()
+        loss, gnorm = _step(model, optimizer, *_batch([samples[i] for i in idx], pad_id))
+        metrics = dict(step=step + 1, loss=float(loss), grad_norm=float(gnorm),
+                       step_s=time.perf_counter() - t0)
+        history.append(metrics)
+        if on_step is not None:
+            on_step(step + 1, metrics)
+        if log_every and (step + 1) % log_every == 0:
+            print(f"sft step {step + 1}/{cfg.steps}: loss {metrics['loss']:.4f}", flush=True)
+    return history
+
+
+def evaluate_nll(model: qwen.Qwen, samples: Sequence[StepSample], pad_id: int,
+                 batch_size: int = 64) -> float:
+    """Mean response NLL per token over `samples` (held-out expert data)."""
+    total, count = 0.0, 0
+    for i in range(0, len(samples), batch_size):
+        chunk = samples[i:i + batch_size]
+        tokens, mask, attn = _batch(chunk, pad_id)
+        n = float(mask.sum())
+        total += float(_eval_nll(model, tokens, mask, attn)) * n
+        count += n
+    return total / max(count, 1.0)

@@ -1,0 +1,435 @@
+"""Train an agent with GRPO and in-context skills withdrawn by the SKILL0 curriculum.
+
+    python -m skilljax.train --config configs/default.py[:arg] --workdir DIR [--config.a.b=v ...]
+
+Writes DIR/metrics.jsonl (one line per RL step), DIR/checkpoints/, DIR/tokenizer/,
+DIR/summary.json and DIR/plots/*.png. Re-running with the same DIR resumes from the last
+checkpoint (the warm start and the initial evaluation are not repeated).
+
+The trainer reads top to bottom: config → mesh → envs → skills → tokenizer → model → warm start →
+initial evaluation → RL loop (rollout, rewards, advantages, update; every d steps validation with
+and without skills → curriculum; checkpoints) → final evaluation → summary and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from skilljax import models, rewards
+from skilljax import sharding as shd
+from skilljax.envs import base as envs_base
+from skilljax.envs.pool import EnvPool
+from skilljax.evaluate import evaluate_policy
+from skilljax.metrics import MetricsWriter
+from skilljax.rl import learner as learner_lib
+from skilljax.rl import losses, sft
+from skilljax.rl.checkpoint import Checkpointer
+from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, collate, rollout
+from skilljax.sampling import Sampler, SamplingParams
+from skilljax.skills.bank import SkillBank
+from skilljax.skills.curriculum import Curriculum, CurriculumConfig
+from skilljax.tokenizer import Tokenizer
+
+# ---------------------------------------------------------------------------- config files
+
+
+def load_config(spec: str, overrides: list[str] | None = None) -> ml_collections.ConfigDict:
+    """`configs/x.py[:arg]` → its get_config(arg), then `--config.a.b=value` overrides."""
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Config file {path!r} not found.")
+    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg or None)
+    for item in overrides or []:
+        if not item.startswith("--config."):
+            raise ValueError(f"Unknown argument {item!r}; overrides look like --config.a.b=value.")
+        key, sep, value = item[len("--config."):].partition("=")
+        if not sep:
+            raise ValueError(f"Override {item!r} needs a value: --config.{key}=VALUE.")
+        set_path(config, key, value)
+    return config
+
+
+def set_path(config: ml_collections.ConfigDict, key: str, value: str) -> None:
+    node, *parents = config, *key.split(".")[:-1]
+    for p in key.split(".")[:-1]:
+        if p not in node:
+            raise KeyError(f"--config.{key}: no {p!r} in the config (keys: {sorted(node.keys())}).")
+        node = node[p]
+    leaf = key.split(".")[-1]
+    if leaf not in node:
+        raise KeyError(f"--config.{key}: no {leaf!r} in the config (keys: {sorted(node.keys())}).")
+    old = node[leaf]
+    try:
+        new = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        new = value
+    if isinstance(old, bool) and isinstance(new, str):
+        new = new.lower() in ("1", "true", "yes")
+    elif isinstance(old, float) and isinstance(new, int):
+        new = float(new)
+    node[leaf] = new
+
+
+def _jsonable(config: ml_collections.ConfigDict) -> dict:
+    return json.loads(config.to_json_best_effort())
+
+
+# ---------------------------------------------------------------------------- builders
+# The ConfigDict stops here: everything below takes frozen dataclasses or plain arguments.
+
+
+def response_format(c) -> ThinkAction:
+    kw = {} if c.prompt.instruction is None else {"instruction": c.prompt.instruction}
+    return ThinkAction(require_think=c.prompt.require_think, **kw)
+
+
+def rollout_config(c, *, evaluation: bool) -> RolloutConfig:
+    env_limit = envs_base.env_class(c.env.name).max_steps
+    return RolloutConfig(
+        group_size=c.rl.group_size,
+        max_turns=min(c.rl.max_turns or env_limit, env_limit),
+        sampling=SamplingParams(
+            max_new_tokens=c.rl.max_new_tokens,
+            temperature=c.eval.temperature if evaluation else c.rl.temperature,
+            top_p=1.0 if evaluation else c.rl.top_p, top_k=0 if evaluation else c.rl.top_k),
+        prompt=PromptConfig(role=c.prompt.role, history_length=c.prompt.history_length,
+                            show_admissible=c.prompt.show_admissible,
+                            max_prompt_tokens=c.prompt.max_prompt_tokens))
+
+
+def learner_config(c) -> learner_lib.LearnerConfig:
+    r = c.rl
+    return learner_lib.LearnerConfig(
+        learning_rate=r.learning_rate, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
+        clip_low=r.clip_low, clip_high=r.clip_high, dual_clip=r.dual_clip, loss_agg=r.loss_agg,
+        entropy_coef=r.entropy_coef, kl_coef=r.kl_coef, kl_kind=r.kl_kind,
+        micro_batch_size=r.micro_batch_size, ppo_epochs=r.ppo_epochs,
+        temperature=r.temperature)
+
+
+def curriculum_config(c) -> CurriculumConfig:
+    k = c.skills
+    return CurriculumConfig(
+        total_steps=c.rl.steps, validate_every=k.validate_every, num_stages=k.num_stages,
+        budgets=tuple(k.budgets) if k.budgets is not None else None, filter=k.filter,
+        rank=k.rank, fixed_full=k.fixed_full, keep_general=k.keep_general, strict=k.strict,
+        seed=c.seed)
+
+
+def warmup_context(bank: SkillBank, task: envs_base.Task) -> str:
+    """Skill context of a warm-start task: the bank's general section and, for a randomised
+    procedure, a section in the bank's shape that carries the task's own procedure text."""
+    if task.type in bank.task_types:
+        return bank.context(task.type)
+    general = bank.context(bank.task_types[0], [bank.file_names[0]])
+    verb = task.payload.get("verb", task.type)
+    section = f"Skill: {verb}.\nWhen: the task says {verb}.\n{task.payload['procedure']}"
+    return f"{general}\n\n{section}" if general else section
+
+
+def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutConfig) -> list[str]:
+    """Prompts and responses of expert episodes (the texts the policy will read and write)."""
+    probe = Tokenizer.train(["a"], vocab_size=300)  # byte-level, only to render prompts
+    res = rollout(None, probe, pool, tasks, dataclasses.replace(cfg, group_size=1),
+                  jax.random.key(0), skill_context=lambda t: warmup_context(bank, t), fmt=fmt,
+                  expert=True)
+    return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
+
+
+def pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+    """Pad the batch axis to a multiple (rows with no loss), so a run compiles few shapes."""
+    b = arrays["tokens_BT"].shape[0]
+    extra = -b % multiple
+    if not extra:
+        return arrays
+    out = {}
+    for k, v in arrays.items():
+        pad = np.zeros((extra,) + v.shape[1:], v.dtype)
+        if k == "attn_mask_BT":
+            pad[:, 0] = 1  # one attended token: keeps the padded rows' softmax finite
+        out[k] = np.concatenate([v, pad])
+    return out
+
+
+# ---------------------------------------------------------------------------- training
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one process builds from the config and the workdir."""
+    config: Any
+    workdir: Path
+    pool: EnvPool
+    bank: SkillBank
+    tok: Tokenizer
+    model: Any
+    sampler: Sampler
+    fmt: ThinkAction
+    train_tasks: list
+    val_tasks: list
+    test_tasks: list
+
+
+def _tasks(c):
+    cls = envs_base.env_class(c.env.name)
+    opts = dict(c.env.task_options)
+    train_tasks = cls.make_tasks("train", c.env.train_tasks, seed=c.seed, **opts)
+    # Validation (the curriculum's helpfulness signal): other train-split tasks, balanced by type.
+    pool = cls.make_tasks("train", c.skills.val_tasks_per_type * 12, seed=c.seed + 7919, **opts)
+    val, count = [], {}
+    for t in pool:
+        if count.get(t.type, 0) < c.skills.val_tasks_per_type:
+            val.append(t)
+            count[t.type] = count.get(t.type, 0) + 1
+    test_tasks = cls.make_tasks("test", c.eval.tasks, seed=c.seed, **opts)
+    return train_tasks, val, test_tasks
+
+
+def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
+    if c.get("mesh"):
+        from skilljax.tools import request_host_devices
+        request_host_devices(c.mesh)
+    mesh = shd.make_mesh(c.mesh) if c.get("mesh") else None
+    pool = EnvPool(c.env.name, num_workers=c.env.workers, env_kwargs=dict(c.env.kwargs),
+                   timeout_s=c.env.timeout_s)
+    bank = SkillBank.load(c.skills.dir) if c.skills.dir else SkillBank.for_env(c.env.name)
+    fmt = response_format(c)
+    train_tasks, val_tasks, test_tasks = _tasks(c)
+
+    tok_dir = workdir / "tokenizer"
+    if (tok_dir / "tokenizer.json").exists():
+        tok = Tokenizer.load(tok_dir)
+    elif c.tokenizer.path:
+        tok = Tokenizer.load(c.tokenizer.path)
+        tok.save(tok_dir)
+    elif train_tokenizer:
+        cls = envs_base.env_class(c.env.name)
+        corpus_tasks = (cls.make_tasks("train", c.tokenizer.corpus_tasks, seed=c.seed,
+                                       **dict(c.sft.task_options))
+                        + train_tasks[:c.tokenizer.corpus_tasks])
+        corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True))
+        tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size)
+        tok.save(tok_dir)
+    else:
+        raise FileNotFoundError(f"No tokenizer in {tok_dir}: is {workdir} a training workdir?")
+
+    overrides = dict(c.model.overrides)
+    if not Path(c.model.checkpoint).is_dir():
+        overrides.setdefault("vocab_size", tok.vocab_size)
+    _, model = models.load(c.model.checkpoint, mesh, c.model.dtype, seed=c.seed, **overrides)
+    if model.cfg.vocab_size < tok.vocab_size:
+        raise ValueError(f"The model's vocabulary ({model.cfg.vocab_size}) is smaller than the "
+                         f"tokenizer's ({tok.vocab_size}); they do not belong together.")
+    sampler = Sampler(model, pad_id=tok.pad_id)
+    return _Run(c, workdir, pool, bank, tok, model, sampler, fmt, train_tasks, val_tasks,
+                test_tasks)
+
+
+def _evaluate(run: _Run, contexts, rng, tasks=None, seeds=None) -> dict:
+    c = run.config
+    return evaluate_policy(run.sampler, run.tok, run.pool, tasks or run.test_tasks,
+                           rollout_config(c, evaluation=True), rng, contexts=contexts, fmt=run.fmt,
+                           samples_per_task=c.eval.samples_per_task,
+                           seeds=seeds or tuple(range(c.eval.seeds)))
+
+
+def _warm_start(run: _Run, log) -> dict:
+    c = run.config
+    cls = envs_base.env_class(c.env.name)
+    tasks = cls.make_tasks("train", c.sft.tasks, seed=c.seed + 1, **dict(c.sft.task_options))
+    held = cls.make_tasks("test", max(c.sft.tasks // 10, 8), seed=c.seed + 1,
+                          **dict(c.sft.task_options))
+    cfg = dataclasses.replace(rollout_config(c, evaluation=True), group_size=1)
+    ctx = (lambda t: warmup_context(run.bank, t)) if c.sft.with_skills else None
+    t0 = time.time()
+    data = rollout(None, run.tok, run.pool, tasks, cfg, jax.random.key(0), skill_context=ctx,
+                   fmt=run.fmt, expert=True)
+    held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0), skill_context=ctx,
+                        fmt=run.fmt, expert=True)
+    scfg = sft.SFTConfig(learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
+                         steps=c.sft.steps, batch_size=c.sft.batch_size)
+    history = sft.train(run.model, data.samples, scfg, run.tok.pad_id, seed=c.seed,
+                        on_step=lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None)
+    return dict(samples=len(data.samples), steps=c.sft.steps, wall_s=time.time() - t0,
+                final_loss=float(np.mean([h["loss"] for h in history[-10:]])),
+                heldout_nll=sft.evaluate_nll(run.model, held_data.samples, run.tok.pad_id))
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
+    c, workdir = config, Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    print(f"skilljax.train: workdir {workdir}", flush=True)
+
+    # ------------------------------------------------------------------ build
+    run = _build(c, workdir, train_tokenizer=True)
+    lcfg = learner_config(c)
+    learner = learner_lib.Learner(run.model, lcfg)
+    curriculum = Curriculum(run.bank, curriculum_config(c)) if c.skills.enabled else None
+    ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=c.checkpoint.keep)
+    rng = jax.random.key(c.seed)
+    host: dict[str, Any] = {"step": 0, "eval": {}, "warm_start": None, "wall_s": 0.0}
+    if ckpt.steps():
+        step, _, host = ckpt.restore(run.model, learner.optimizer)
+        if curriculum is not None and host.get("curriculum"):
+            curriculum.load_state_dict(host["curriculum"])
+        print(f"resumed from step {step}", flush=True)
+    metrics = MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
+                            tensorboard=c.metrics.tensorboard)
+
+    def contexts():
+        if curriculum is None:
+            return {}
+        return curriculum.contexts()
+
+    def save(step):
+        if curriculum is not None:
+            host["curriculum"] = curriculum.state_dict()
+        host["step"] = step
+        host["wall_s"] = host.get("wall_s_base", 0.0) + time.time() - t_start
+        ckpt.save(step, run.model, learner.optimizer, rng=rng, host_state=host)
+
+    host["wall_s_base"] = host.get("wall_s", 0.0)
+
+    # ------------------------------------------------------------------ warm start
+    if host["warm_start"] is None and c.sft.steps > 0:
+        sft_log = open(workdir / "sft_metrics.jsonl", "w")
+        host["warm_start"] = _warm_start(run, lambda s, m: (
+            sft_log.write(json.dumps(m) + "\n"), sft_log.flush(),
+            print(f"warm start {s}/{c.sft.steps}: loss {m['loss']:.4f}", flush=True)))
+        sft_log.close()
+        print(f"warm start: {host['warm_start']}", flush=True)
+        save(0)
+
+    # ------------------------------------------------------------------ initial evaluation
+    full = run.bank.contexts() if c.skills.enabled else {}
+    if "initial" not in host["eval"]:
+        host["eval"]["initial"] = _evaluate(run, full, jax.random.fold_in(rng, 10**6))
+        _print_eval("initial", host["eval"]["initial"])
+        save(0)
+
+    # ------------------------------------------------------------------ RL loop
+    rcfg = rollout_config(c, evaluation=False)
+    task_rng = np.random.default_rng(c.seed)
+    for step in range(host["step"] + 1, c.rl.steps + 1):
+        t0 = time.time()
+        # Tasks of this step: a deterministic function of (seed, step), so a resumed run sees
+        # the same data as an uninterrupted one.
+        task_rng = np.random.default_rng([c.seed, step])
+        idx = task_rng.choice(len(run.train_tasks), c.rl.tasks_per_step, replace=False)
+        tasks = [run.train_tasks[i] for i in idx]
+        key = jax.random.fold_in(rng, step)
+        active = list(curriculum.active) if curriculum is not None else []
+        res = rollout(run.sampler, run.tok, run.pool, tasks, rcfg, key,
+                      seeds=[int(x) for x in task_rng.integers(0, 2**31, len(tasks))],
+                      skill_context=contexts(), fmt=run.fmt)
+        scores = rewards.sample_scores(res, c.rl.invalid_penalty)
+        adv = np.asarray(losses.group_advantages(
+            scores, [s.group for s in res.samples], c.rl.advantage,
+            traj_ids=[s.episode for s in res.samples]))
+        keep = [i for i in range(len(res.samples))
+                if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
+        m: dict[str, Any] = dict(res.stats)
+        m.update(rollout_s=time.time() - t0, trained_samples=len(keep),
+                 reward_mean=float(rewards.trajectory_rewards(res).mean()),
+                 active_skills=len(active), active_files=active,
+                 budget=curriculum.budget(step) if curriculum is not None else 0)
+        if keep:
+            arrays = collate([res.samples[i] for i in keep], adv[keep], run.tok.pad_id)
+            arrays = pad_rows(arrays, c.rl.batch_multiple)
+            batch = learner_lib.Batch(**{k: jax.numpy.asarray(v) for k, v in arrays.items()})
+            updates = learner.update(batch, jax.random.fold_in(key, 1))
+            for k in ("loss", "clip_frac", "entropy", "grad_norm"):
+                if k in updates[-1]:
+                    m[k] = float(np.mean([u[k] for u in updates if k in u]))
+        m["step_s"] = time.time() - t0
+
+        # -------------------------------------------------------------- curriculum
+        if curriculum is not None and curriculum.due(step):
+            val = _evaluate(run, contexts(), jax.random.fold_in(rng, 10**6 + step),
+                            tasks=run.val_tasks, seeds=(0,))
+            curriculum.update(step, val["with_skills"]["per_task"],
+                              val["without_skills"]["per_task"])
+            last = curriculum.history[-1]
+            m.update(val_with_skills=val["with_skills"]["success_rate"],
+                     val_without_skills=val["without_skills"]["success_rate"],
+                     deltas=last["deltas"], active_after=list(curriculum.active))
+        metrics.write(step, m)
+        print(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
+              f"invalid {m['invalid_rate']:.3f} skills {len(active)} "
+              f"({m['step_s']:.1f}s)" + (f" val with {m['val_with_skills']:.2f} without "
+                                         f"{m['val_without_skills']:.2f}"
+                                         if "val_with_skills" in m else ""), flush=True)
+        if step % c.checkpoint.every == 0 or step == c.rl.steps:
+            save(step)
+
+    # ------------------------------------------------------------------ final evaluation
+    if "final" not in host["eval"]:
+        host["eval"]["final"] = _evaluate(run, full, jax.random.fold_in(rng, 2 * 10**6))
+        _print_eval("final", host["eval"]["final"])
+        save(c.rl.steps)
+    ckpt.close()
+    metrics.close()
+    run.pool.close()
+    summary = {"config": _jsonable(c), "steps": c.rl.steps,
+               "wall_s": host.get("wall_s_base", 0.0) + time.time() - t_start,
+               "warm_start": host["warm_start"], "eval": host["eval"],
+               "curriculum": curriculum.history if curriculum is not None else []}
+    tmp = workdir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    os.replace(tmp, workdir / "summary.json")
+    from skilljax import plots
+    plots.write_all(workdir)
+    return summary
+
+
+def _print_eval(phase: str, block: dict) -> None:
+    w, wo = block["with_skills"], block["without_skills"]
+    print(f"eval {phase}: with skills {w['success_rate']:.3f} ({w['tokens_per_step']:.0f} tok/step)"
+          f", without {wo['success_rate']:.3f} ({wo['tokens_per_step']:.0f} tok/step)", flush=True)
+
+
+def evaluate_workdir(config, workdir, step: int | None = None) -> dict:
+    """The eval block of a trained workdir's checkpoint (the latest, or `step`)."""
+    workdir = Path(workdir)
+    run = _build(config, workdir, train_tokenizer=False)
+    ckpt = Checkpointer(workdir / "checkpoints")
+    step, _, _ = ckpt.restore(run.model, None, step)
+    ckpt.close()
+    full = run.bank.contexts() if config.skills.enabled else {}
+    block = _evaluate(run, full, jax.random.key(config.seed + 1))
+    run.pool.close()
+    block["step"] = step
+    tmp = workdir / f"eval_{step}.json.tmp"
+    tmp.write_text(json.dumps(block, indent=1))
+    os.replace(tmp, workdir / f"eval_{step}.json")
+    return block
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="configs/x.py[:arg]")
+    p.add_argument("--workdir", required=True)
+    args, overrides = p.parse_known_args(argv)
+    config = load_config(args.config, overrides)
+    train(config, args.workdir)
+
+
+if __name__ == "__main__":
+    main()
