@@ -164,7 +164,7 @@ def test_chores_contexts_hold_exactly_their_procedure():
         section = next(body for name in bank.files_for(ttype)[1:]
                        for key, body in bank.sections(name).items() if key == f"TASK: {ttype}")
         title, when, procedure = section.split("\n")
-        assert title.startswith("Skill: ") and when.startswith("When to apply: ")
+        assert title.startswith("Skill: ") and when.startswith("When: ")
         assert procedure == texts[ttype]
     # Heat and cool share a file, so a file's Δ averages several task types.
     assert bank.task_types_of("temperature") == ("heat", "cool")
