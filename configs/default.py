@@ -45,17 +45,19 @@ def get_config(arg=None):
                  train_tasks=600)
     c.tokenizer = dict(path="", vocab_size=1024, corpus_tasks=300)
     c.model = dict(checkpoint="tiny", dtype="float32",
-                   overrides=dict(num_layers=4, embed_dim=128, mlp_dim=320, num_heads=4,
+                   overrides=dict(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
                                   num_kv_heads=4, head_dim=32))
     # Prompts as the tiny policy reads them: Markov observations, no history, no admissible list.
     c.prompt = dict(role="", history_length=0, show_admissible=False, require_think=False,
                     instruction="", max_prompt_tokens=None)
 
-    c.sft = dict(steps=800, batch_size=32, learning_rate=3e-3, warmup_steps=20, tasks=600,
+    # Reading procedure text appears abruptly (an induction-style lookup): held-out step accuracy
+    # was 0.06 after 600 steps, 0.58 after 1200, 0.89 after 2000 (batch 16, 3000 random tasks).
+    c.sft = dict(steps=2000, batch_size=16, learning_rate=3e-3, warmup_steps=20, tasks=3000,
                  with_skills=True, task_options={"source": "random"})
 
     c.rl = dict(steps=60, tasks_per_step=6, group_size=8, max_turns=None, max_new_tokens=16,
-                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-4, weight_decay=0.0,
+                temperature=1.0, top_p=1.0, top_k=0, learning_rate=2e-4, weight_decay=0.0,
                 grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0, loss_agg="token-mean",
                 entropy_coef=0.0, kl_coef=0.0, kl_kind="k3", micro_batch_size=None, ppo_epochs=1,
                 advantage="grpo", invalid_penalty=0.1, drop_zero_advantage=True,

@@ -234,12 +234,12 @@ class EnvPool:
                     try:
                         self._workers[wi].fill()
                     except _Died as e:
-                        self._fail_worker(wi, its, f"{e} during {cmd} of episode {its[0][0]}; "
-                                          "restarted", cmd, answers)
+                        self._fail_worker(wi, its, f"{e} during {cmd}{_of(its)}; restarted",
+                                          cmd, answers)
                         del pending[wi]
                 elif time.monotonic() >= deadline[wi]:
-                    self._fail_worker(wi, its, f"no answer within {self.timeout_s:g} s to {cmd} of "
-                                      f"episode {its[0][0]} (hung); worker restarted", cmd, answers)
+                    self._fail_worker(wi, its, f"no answer within {self.timeout_s:g} s to {cmd}"
+                                      f"{_of(its)} (hung); worker restarted", cmd, answers)
                     del pending[wi]
         return answers
 
@@ -316,6 +316,10 @@ class EnvPool:
 
     def failure(self, episode: int) -> str | None:
         return self._lost.get(episode)
+
+
+def _of(items) -> str:
+    return f" of episode {items[0][0]}" if items else ""
 
 
 def _failed(reason: str) -> StepResult:
