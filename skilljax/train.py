@@ -138,8 +138,7 @@ def warmup_context(bank: SkillBank, task: envs_base.Task) -> str:
     if task.type in bank.task_types:
         return bank.context(task.type)
     general = bank.context(bank.task_types[0], [bank.file_names[0]])
-    verb = task.payload.get("verb", task.type)
-    section = f"Skill: {verb}.\nWhen: the task says {verb}.\n{task.payload['procedure']}"
+    section = task.payload["procedure"]
     return f"{general}\n\n{section}" if general else section
 
 
