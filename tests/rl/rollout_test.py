@@ -10,22 +10,14 @@ from skilljax.rl.rollout import (PROMPT_PARTS, PromptConfig, RolloutConfig, Thin
                                  build_prompt, collate, rollout)
 from skilljax.sampling import Sampler, SampleOutput, SamplingParams
 from skilljax.tokenizer import Tokenizer
+from skilljax.tools.bench_rollout import env_texts
 
 FMT = ThinkAction()
 
 
 def chores_texts():
-    env, texts = Chores(), []
-    for t in Chores.make_tasks("train", 60, seed=0) + Chores.make_tasks("train", 60, 0, "random"):
-        obs, info = env.reset(t)
-        texts += [obs, info["goal"], t.payload["procedure"], " ".join(info["admissible_actions"])]
-        while True:
-            a = env.expert_action()
-            r = env.step(a)
-            texts += [f"<think>{a}</think><action>{a}</action>", r.observation]
-            if r.done:
-                break
-    return texts
+    procedures = [t.payload["procedure"] for t in Chores.make_tasks("train", 60, 0, "random")]
+    return env_texts("chores", 60) + procedures
 
 
 @pytest.fixture(scope="module")
