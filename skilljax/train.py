@@ -66,7 +66,7 @@ def load_config(spec: str, overrides: list[str] | None = None) -> ml_collections
 
 
 def set_path(config: ml_collections.ConfigDict, key: str, value: str) -> None:
-    node, *parents = config, *key.split(".")[:-1]
+    node = config
     for p in key.split(".")[:-1]:
         if p not in node:
             raise KeyError(f"--config.{key}: no {p!r} in the config (keys: {sorted(node.keys())}).")
@@ -325,7 +325,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
 
     # ------------------------------------------------------------------ RL loop
     rcfg = rollout_config(c, evaluation=False)
-    task_rng = np.random.default_rng(c.seed)
     for step in range(host["step"] + 1, c.rl.steps + 1):
         t0 = time.time()
         # Tasks of this step: a deterministic function of (seed, step), so a resumed run sees
