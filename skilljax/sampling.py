@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from skilljax import sharding as shd
+from skilljax.distributed import to_host
 from skilljax.models import qwen
 
 MAX_STOP_IDS = 8  # stop ids are padded to this many (traced), -1 = unused
@@ -307,8 +308,8 @@ class Sampler:
         t1 = time.perf_counter()
         cache, out_tokens, logp, slogp, lengths, stopped = self._decode(
             self.graphdef, state, cache, logits, mask_d, real_d, rng, knobs, n, self.max_top_k)
-        out_tokens, logp, slogp, lengths, stopped = jax.device_get(
-            (out_tokens, logp, slogp, lengths, stopped))
+        out_tokens, logp, slogp, lengths, stopped = (
+            to_host(a) for a in (out_tokens, logp, slogp, lengths, stopped))
         t2 = time.perf_counter()
         self._caches[(b, s)] = cache
         self.last_timing = {"prefill_s": t1 - t0, "decode_s": t2 - t1,

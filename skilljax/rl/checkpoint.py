@@ -24,11 +24,27 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint where one was expected."""
 
 
+def _global(tree: Any, model: nnx.Module) -> Any:
+    """In a multi-process run, arrays that live on one local device (an optimizer's step count,
+    the RNG key) are replicated over the global mesh: orbax saves only global arrays there."""
+    if jax.process_count() == 1:
+        return tree
+    layout = getattr(model, "layout", None)
+    mesh = layout.mesh if layout is not None else jax.sharding.Mesh(np.array(jax.devices()), ("all",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def one(x):
+        if isinstance(x, jax.Array) and not isinstance(x.sharding, jax.sharding.NamedSharding):
+            return jax.device_put(np.asarray(x), replicated)
+        return x
+    return jax.tree.map(one, tree)
+
+
 def _arrays(model: nnx.Module, optimizer: nnx.Optimizer | None) -> dict[str, Any]:
     out = {"params": nnx.state(model, nnx.Param).to_pure_dict()}
     if optimizer is not None:
         out["optimizer"] = nnx.state(optimizer).to_pure_dict()
-    return out
+    return _global(out, model)
 
 
 def _load(node: nnx.Module | nnx.Optimizer, pure: dict, *filters) -> None:
@@ -50,7 +66,7 @@ class Checkpointer:
         """Start saving `step`; returns once device buffers are copied (writes may continue)."""
         arrays = _arrays(model, optimizer)
         if rng is not None:
-            arrays["rng"] = jax.random.key_data(rng)
+            arrays["rng"] = _global(jax.random.key_data(rng), model)
         self.manager.save(step, args=ocp.args.Composite(
             arrays=ocp.args.StandardSave(arrays),
             host=ocp.args.JsonSave({"host_state": host_state or {}, "has_rng": rng is not None,
@@ -79,7 +95,8 @@ class Checkpointer:
             try:
                 host = self.manager.restore(s, args=ocp.args.Composite(host=ocp.args.JsonRestore()))["host"]
                 if host["has_rng"]:
-                    abstract["rng"] = jax.ShapeDtypeStruct((2,), np.uint32)
+                    abstract["rng"] = ocp.utils.to_shape_dtype_struct(
+                        _global(jax.numpy.zeros((2,), np.uint32), model))
                 if optimizer is None:  # evaluation / export: read the parameters only
                     restore_args = ocp.args.PyTreeRestore(
                         abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from skilljax.distributed import to_host
 from skilljax.models import qwen
 from skilljax.rl import losses
 from skilljax.sampling import bucket_length
@@ -186,9 +187,9 @@ class Learner:
                 metrics = {k: float(v) for k, v in
                            _mini_batch_step(self.model, self.optimizer, mb, self.cfg).items()}
                 step_s = time.perf_counter() - t0
-                adv = np.asarray(mb.advantages_B)
+                adv = to_host(mb.advantages_B)
                 metrics.update(step_s=step_s,
-                               tokens_per_s=float(np.asarray(mb.attn_mask_BT).sum()) / step_s,
+                               tokens_per_s=float(to_host(mb.attn_mask_BT).sum()) / step_s,
                                adv_mean=float(adv.mean()), adv_std=float(adv.std()),
                                adv_min=float(adv.min()), adv_max=float(adv.max()))
                 out.append(metrics)

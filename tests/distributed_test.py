@@ -1,0 +1,66 @@
+"""Two CPU processes train one run together (the multi-host path of launch/tpu.sh and gpu.sh)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from skilljax import distributed
+from tests.conftest import ROOT
+
+CONFIG = str(ROOT / "configs" / "default.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SKILLJAX_")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def test_single_process_is_untouched(monkeypatch):
+    for k in ("SKILLJAX_COORDINATOR", "SKILLJAX_DISTRIBUTED"):
+        monkeypatch.delenv(k, raising=False)
+    assert distributed.initialize_from_env() is False and distributed.is_main()
+    monkeypatch.setenv("SKILLJAX_COORDINATOR", "localhost:1")
+    with pytest.raises(ValueError, match="SKILLJAX_NUM_PROCESSES"):
+        distributed.initialize_from_env()
+
+
+def test_two_processes_train_like_one(tmp_path):
+    port = _free_port()
+    args = ["--config", CONFIG + ":runlocal", "--config.mesh=data=2", "--config.rl.steps=2",
+            "--config.skills.validate_every=1"]
+    procs = []
+    for pid in range(2):
+        env = _env(SKILLJAX_COORDINATOR=f"localhost:{port}", SKILLJAX_NUM_PROCESSES="2",
+                   SKILLJAX_PROCESS_ID=str(pid),
+                   XLA_FLAGS="--xla_force_host_platform_device_count=1")
+        log = open(tmp_path / f"p{pid}.log", "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "skilljax.train", *args, "--workdir", str(tmp_path / "multi")],
+            env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+    codes = [p.wait(timeout=600) for p in procs]
+    assert codes == [0, 0], "\n".join((tmp_path / f"p{i}.log").read_text()[-3000:] for i in range(2))
+    single = subprocess.run([sys.executable, "-m", "skilljax.train", *args, "--workdir",
+                             str(tmp_path / "single")],
+                            env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=2"), cwd=ROOT,
+                            capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-3000:]
+    multi = json.loads((tmp_path / "multi" / "summary.json").read_text())
+    one = json.loads((tmp_path / "single" / "summary.json").read_text())
+    # The same mesh shape (2 devices) in one process or in two gives the same run.
+    assert multi["eval"]["initial"] == one["eval"]["initial"]
+    assert multi["warm_start"]["final_loss"] == pytest.approx(one["warm_start"]["final_loss"],
+                                                              rel=1e-4)
+    rows = (tmp_path / "multi" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [1, 2]
+    assert "skilljax.train: workdir" in (tmp_path / "p1.log").read_text()
