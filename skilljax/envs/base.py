@@ -100,8 +100,10 @@ class Env:
 
 # name → "module:Class", imported lazily so a worker imports only the env it runs.
 _REGISTRY: dict[str, str] = {
+    "alfworld": "skilljax.envs.alfworld:AlfWorld",
     "chores": "skilljax.envs.chores:Chores",
     "countdown": "skilljax.envs.countdown:Countdown",
+    "search_qa": "skilljax.envs.search_qa:SearchQA",
     "textworld_cooking": "skilljax.envs.textworld_cooking:TextWorldCooking",
 }
 
