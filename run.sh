@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point that sets up what it needs (idempotently) and then runs:
-#   bash run.sh main        the main job (today: smoke run of the tiny preset)
+#   bash run.sh main        the main job: the default SKILL0 experiment (WORKDIR=runs/default)
 #   bash run.sh test        the default test suite (CPU, ~minutes)
 #   bash run.sh test-slow   the slow tests only
 #   bash run.sh setup       only create/update .venv (and the test fixtures with `setup test`)
@@ -49,9 +49,10 @@ PYEOF
 cmd=${1:-main}
 shift || true
 case "$cmd" in
-  main)
+  main)  # the default SKILL0 experiment (configs/default.py, ~20 min on 2 CPU cores)
     setup
-    exec "$VENV/bin/python" -m skilljax.tools.logits --checkpoint tiny --token-ids 1,2,3,4,5,6,7,8 "$@" ;;
+    exec "$VENV/bin/python" -m skilljax.train --config configs/default.py \
+      --workdir "${WORKDIR:-runs/default}" "$@" ;;
   test)
     setup test
     exec "$VENV/bin/python" -m pytest -q "$@" ;;

@@ -6,6 +6,8 @@
 Each run trains in WORKDIR/<run name> (its config argument, made path-safe), so re-running the
 sweep resumes unfinished runs and skips finished ones (those with a summary.json). `--print` only
 prints one `python -m skilljax.train ...` command per run (to hand to a cluster scheduler).
+Runs share warm starts through WORKDIR/warm_start_cache (`sft.cache_dir`): the arms of one seed
+differ only after the warm start, so it is trained once per seed.
 `--summary` prints a table of the finished runs' final evaluation (without / with skills success).
 """
 
@@ -21,10 +23,15 @@ import sys
 from pathlib import Path
 
 
-def runs_of(config_path: str, arg: str | None) -> list[dict]:
+def _module(config_path: str):
     spec = importlib.util.spec_from_file_location(Path(config_path).stem, config_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def runs_of(config_path: str, arg: str | None) -> list[dict]:
+    module = _module(config_path)
     if not hasattr(module, "sweep"):
         raise SystemExit(f"{config_path} defines no sweep(add, arg).")
     runs: list[dict] = []
@@ -38,11 +45,22 @@ def run_name(run: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", text) or "default"
 
 
-def command(config_path: str, base_arg: str | None, run: dict, workdir: Path) -> list[str]:
+def shares_warm_start(module, base_arg: str | None, run: dict) -> bool:
+    """Whether the run's config has `sft.cache_dir` (unset), so arms can share warm starts."""
+    arg = ",".join(filter(None, [base_arg, run.get("arg", "")]))
+    config = module.get_config(arg or None)
+    return "sft" in config and "cache_dir" in config.sft and not config.sft.cache_dir \
+        and "sft.cache_dir" not in run
+
+
+def command(config_path: str, base_arg: str | None, run: dict, workdir: Path,
+            warm_start_cache: Path | None = None) -> list[str]:
     arg = ",".join(filter(None, [base_arg, run.get("arg", "")]))
     cmd = [sys.executable, "-m", "skilljax.train", "--config",
            f"{config_path}:{arg}" if arg else config_path, "--workdir", str(workdir)]
     cmd += [f"--config.{k}={v}" for k, v in sorted(run.items()) if k != "arg"]
+    if warm_start_cache is not None:
+        cmd.append(f"--config.sft.cache_dir={warm_start_cache}")
     return cmd
 
 
@@ -68,6 +86,9 @@ def main(argv=None) -> None:
     p.add_argument("--workdir", required=True)
     p.add_argument("--print", action="store_true", help="print the commands, run nothing")
     p.add_argument("--summary", action="store_true", help="print the results table, run nothing")
+    p.add_argument("--no-shared-warm-start", action="store_true",
+                   help="give every run its own warm start (by default runs whose warm-start "
+                        "inputs are equal, e.g. ablation arms of one seed, share one)")
     args = p.parse_args(argv)
     root = Path(args.workdir)
     runs = runs_of(args.config, args.arg)
@@ -75,8 +96,11 @@ def main(argv=None) -> None:
     if args.summary:
         print(summary_table(root, names))
         return
+    module = _module(args.config)
     for run, name in zip(runs, names):
-        cmd = command(args.config, args.arg, run, root / name)
+        share = not args.no_shared_warm_start and shares_warm_start(module, args.arg, run)
+        cmd = command(args.config, args.arg, run, root / name,
+                      root / "warm_start_cache" if share else None)
         if args.print:
             print(shlex.join(cmd))
             continue

@@ -39,3 +39,26 @@ def _literal(value: str):
         return ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return value
+
+
+def skill0_variants(num_files: int) -> dict[str, dict[str, object]]:
+    """The SKILL0 paper's Table 2 / Figure 7 ablations for a bank of `num_files` skill files:
+    name → {"section.key": value} overrides of a config's `skills` section."""
+    n, half = num_files, max(num_files // 2, 1)
+    return {
+        "curriculum": {},
+        "fixed_full": {"skills.fixed_full": True},           # every file, never withdrawn
+        "budget_full": {"skills.budgets": (n, n, n)},        # [N, N, N]: filter and rank, no decay
+        "budget_half": {"skills.budgets": (half,) * 3},      # [N/2, N/2, N/2]
+        "no_skills": {"skills.budgets": (0, 0, 0)},          # [0, 0, 0]: GRPO without skills
+        "no_filter": {"skills.filter": False},
+        "no_rank": {"skills.rank": "random"},
+    }
+
+
+def apply_variant(config: ml_collections.ConfigDict, variants: dict, name: str) -> None:
+    if name not in variants:
+        raise ValueError(f"Unknown variant {name!r}; choose one of {sorted(variants)}.")
+    for key, value in variants[name].items():
+        section, leaf = key.split(".")
+        config[section][leaf] = value

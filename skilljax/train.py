@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from skilljax import models, rewards
+from skilljax import distributed, models, rewards
 from skilljax import sharding as shd
 from skilljax.envs import base as envs_base
 from skilljax.envs.pool import EnvPool
@@ -94,8 +97,16 @@ def _jsonable(config: ml_collections.ConfigDict) -> dict:
 # The ConfigDict stops here: everything below takes frozen dataclasses or plain arguments.
 
 
-def response_format(c) -> ThinkAction:
+def response_format(c):
+    """`prompt.format`: "think_action" (`<think>`/`<action>`, ALFWorld-style envs) or
+    "search_answer" (`<search>`/`<answer>`, Search-QA)."""
+    kind = c.prompt.get("format", "think_action")
     kw = {} if c.prompt.instruction is None else {"instruction": c.prompt.instruction}
+    if kind == "search_answer":
+        from skilljax.envs.search_qa import SearchAnswer
+        return SearchAnswer(**kw)
+    if kind != "think_action":
+        raise ValueError(f"prompt.format={kind!r}; choose 'think_action' or 'search_answer'.")
     return ThinkAction(require_think=c.prompt.require_think, **kw)
 
 
@@ -166,7 +177,77 @@ def pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarr
     return out
 
 
+def advantages(c, res, scores: np.ndarray) -> np.ndarray:
+    """One advantage per step sample: `rl.advantage` grpo / drgrpo / rloo over each task's group,
+    or gigpo (episode advantage + step advantage within identical env states of a group, from
+    returns discounted by `rl.gigpo_gamma`: credit for the step that made progress)."""
+    groups = [s.group for s in res.samples]
+    episodes = [s.episode for s in res.samples]
+    if c.rl.advantage != "gigpo":
+        return np.asarray(losses.group_advantages(scores, groups, c.rl.advantage,
+                                                  traj_ids=episodes))
+    penalty = np.array([0.0 if s.valid else c.rl.invalid_penalty for s in res.samples])
+    step_rewards = np.array([s.reward for s in res.samples]) - penalty
+    return np.asarray(losses.gigpo_advantages(
+        scores, step_rewards, groups, episodes, [s.step for s in res.samples],
+        [s.anchor for s in res.samples], gamma=c.rl.gigpo_gamma, mode=c.rl.gigpo_mode,
+        step_weight=c.rl.gigpo_step_weight))
+
+
+def warm_start_cache(c) -> Path | None:
+    """Where this config's warm start is cached (`sft.cache_dir`), or None when caching is off.
+
+    The key hashes everything the warm start depends on (env, tokenizer, model, prompt, warm-start
+    settings, skill bank, seed), so the arms of a sweep that differ only in RL or curriculum
+    settings share one warm start per seed, and any change to those inputs misses the cache.
+    """
+    if not c.sft.get("cache_dir"):
+        return None
+    if jax.process_count() > 1:
+        print("sft.cache_dir is ignored in a multi-process run.", flush=True)
+        return None
+    cfg = _jsonable(c)
+    parts = {k: cfg.get(k) for k in ("seed", "env", "tokenizer", "model", "prompt")}
+    parts["sft"] = {k: v for k, v in cfg["sft"].items() if k != "cache_dir"}
+    parts["skills_dir"] = c.skills.dir
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(c.sft.cache_dir) / key
+
+
+def _store_warm_start(entry: Path, run: "_Run", record: dict) -> None:
+    """Write tokenizer, parameters and record to a temporary directory, then rename it into place
+    (a crash never leaves a half-written entry; a concurrent writer's entry wins)."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    run.tok.save(tmp / "tokenizer")
+    ckpt = Checkpointer(tmp / "params", max_to_keep=1, async_save=False)
+    ckpt.save(0, run.model, None)
+    ckpt.close()
+    (tmp / "warm_start.json").write_text(json.dumps(record, indent=1))
+    try:
+        os.replace(tmp, entry)
+    except OSError:  # another run stored the same entry first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_warm_start(entry: Path, run: "_Run") -> dict:
+    ckpt = Checkpointer(entry / "params", async_save=False)
+    ckpt.restore(run.model, None)
+    ckpt.close()
+    return dict(json.loads((entry / "warm_start.json").read_text()), cached_from=str(entry))
+
+
 # ---------------------------------------------------------------------------- training
+
+
+class _NoMetrics:
+    """What processes other than the first write: nothing."""
+
+    def write(self, step, metrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 @dataclasses.dataclass
@@ -196,12 +277,24 @@ def _tasks(c):
         if count.get(t.type, 0) < c.skills.val_tasks_per_type:
             val.append(t)
             count[t.type] = count.get(t.type, 0) + 1
-    test_tasks = cls.make_tasks("test", c.eval.tasks, seed=c.seed, **opts)
+    test_tasks = cls.make_tasks(c.env.get("test_split", "test"), c.eval.tasks, seed=c.seed, **opts)
     return train_tasks, val, test_tasks
 
 
+def build_model(c, tok: Tokenizer, mesh=None):
+    """The policy the config describes (a preset sized by the tokenizer, or an HF checkpoint)."""
+    overrides = dict(c.model.overrides)
+    if not Path(c.model.checkpoint).is_dir():
+        overrides.setdefault("vocab_size", tok.vocab_size)
+    _, model = models.load(c.model.checkpoint, mesh, c.model.dtype, seed=c.seed, **overrides)
+    if model.cfg.vocab_size < tok.vocab_size:
+        raise ValueError(f"The model's vocabulary ({model.cfg.vocab_size}) is smaller than the "
+                         f"tokenizer's ({tok.vocab_size}); they do not belong together.")
+    return model
+
+
 def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
-    if c.get("mesh"):
+    if c.get("mesh") and not distributed.active():  # a launcher sets devices per process
         from skilljax.tools import request_host_devices
         request_host_devices(c.mesh)
     mesh = shd.make_mesh(c.mesh) if c.get("mesh") else None
@@ -212,29 +305,33 @@ def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
     train_tasks, val_tasks, test_tasks = _tasks(c)
 
     tok_dir = workdir / "tokenizer"
+    cached = warm_start_cache(c)
     if (tok_dir / "tokenizer.json").exists():
         tok = Tokenizer.load(tok_dir)
+    elif cached is not None and (cached / "warm_start.json").exists():
+        tok = Tokenizer.load(cached / "tokenizer")  # the warm start's own tokenizer
+        if distributed.is_main():
+            tok.save(tok_dir)
     elif c.tokenizer.path:
         tok = Tokenizer.load(c.tokenizer.path)
-        tok.save(tok_dir)
+        if distributed.is_main():
+            tok.save(tok_dir)
     elif train_tokenizer:
         cls = envs_base.env_class(c.env.name)
         corpus_tasks = (cls.make_tasks("train", c.tokenizer.corpus_tasks, seed=c.seed,
                                        **dict(c.sft.task_options))
                         + train_tasks[:c.tokenizer.corpus_tasks])
+        if c.sft.get("bare_task_options"):
+            corpus_tasks += cls.make_tasks("train", c.tokenizer.corpus_tasks // 4, seed=c.seed,
+                                           **dict(c.sft.bare_task_options))
         corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True))
         tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size)
-        tok.save(tok_dir)
+        if distributed.is_main():
+            tok.save(tok_dir)
     else:
         raise FileNotFoundError(f"No tokenizer in {tok_dir}: is {workdir} a training workdir?")
 
-    overrides = dict(c.model.overrides)
-    if not Path(c.model.checkpoint).is_dir():
-        overrides.setdefault("vocab_size", tok.vocab_size)
-    _, model = models.load(c.model.checkpoint, mesh, c.model.dtype, seed=c.seed, **overrides)
-    if model.cfg.vocab_size < tok.vocab_size:
-        raise ValueError(f"The model's vocabulary ({model.cfg.vocab_size}) is smaller than the "
-                         f"tokenizer's ({tok.vocab_size}); they do not belong together.")
+    model = build_model(c, tok, mesh)
     sampler = Sampler(model, pad_id=tok.pad_id)
     return _Run(c, workdir, pool, bank, tok, model, sampler, fmt, train_tasks, val_tasks,
                 test_tasks)
@@ -251,23 +348,58 @@ def _evaluate(run: _Run, contexts, rng, tasks=None, seeds=None) -> dict:
 def _warm_start(run: _Run, log) -> dict:
     c = run.config
     cls = envs_base.env_class(c.env.name)
-    tasks = cls.make_tasks("train", c.sft.tasks, seed=c.seed + 1, **dict(c.sft.task_options))
+    # A fraction of the episodes is shown without any skill text (from `bare_task_options`, by
+    # default the same generator), so the policy also learns what to do when no procedure is
+    # given: for chores, procedures of verbs it knows by heart (`source="convention"`).
+    n_bare = round(c.sft.tasks * float(c.sft.get("without_skills_fraction", 0.0)))
+    tasks = cls.make_tasks("train", c.sft.tasks - n_bare, seed=c.seed + 1,
+                           **dict(c.sft.task_options))
+    bare = cls.make_tasks("train", n_bare, seed=c.seed + 2,
+                          **dict(c.sft.get("bare_task_options") or c.sft.task_options))
+    bare_ids = {t.id for t in bare}
+    if len(bare_ids) < len(bare) or bare_ids & {t.id for t in tasks}:
+        raise ValueError("sft task ids collide between the skill and no-skill warm-start tasks.")
+    tasks += bare
     held = cls.make_tasks("test", max(c.sft.tasks // 10, 8), seed=c.seed + 1,
                           **dict(c.sft.task_options))
     cfg = dataclasses.replace(rollout_config(c, evaluation=True), group_size=1)
-    ctx = (lambda t: warmup_context(run.bank, t)) if c.sft.with_skills else None
+    ctx = None
+    if c.sft.with_skills:
+        ctx = lambda t: "" if t.id in bare_ids else warmup_context(run.bank, t)
     t0 = time.time()
     data = rollout(None, run.tok, run.pool, tasks, cfg, jax.random.key(0), skill_context=ctx,
                    fmt=run.fmt, expert=True)
-    held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0), skill_context=ctx,
+    # Held out: every episode with its procedure text (the NLL measures following skill text).
+    held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0),
+                        skill_context=(lambda t: warmup_context(run.bank, t)) if ctx else None,
                         fmt=run.fmt, expert=True)
     scfg = sft.SFTConfig(learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
                          steps=c.sft.steps, batch_size=c.sft.batch_size)
+    # Following procedure text appears abruptly and at a seed-dependent step, so the warm start
+    # checks the held-out NLL every `check_every` steps and stops once it is below the target:
+    # `steps` is a budget.
+    curve: list[tuple[int, float]] = []
+
+    def should_stop(step: int) -> bool:
+        every, target = c.sft.get("check_every", 0), c.sft.get("target_heldout_nll", 0.0)
+        if not every or step % every:
+            return False
+        curve.append((step, sft.evaluate_nll(run.model, held_data.samples, run.tok.pad_id)))
+        print(f"warm start {step}: held-out NLL {curve[-1][1]:.4f}", flush=True)
+        return curve[-1][1] < target
+
     history = sft.train(run.model, data.samples, scfg, run.tok.pad_id, seed=c.seed,
-                        on_step=lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None)
-    return dict(samples=len(data.samples), steps=c.sft.steps, wall_s=time.time() - t0,
+                        on_step=lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None,
+                        should_stop=should_stop)
+    nll = sft.evaluate_nll(run.model, held_data.samples, run.tok.pad_id)
+    if c.sft.get("target_heldout_nll") and nll >= c.sft.target_heldout_nll:
+        print(f"WARNING: the warm start ended at held-out NLL {nll:.3f}, above its target "
+              f"{c.sft.target_heldout_nll}: the policy may not follow skill text yet, and RL "
+              f"from it will start weak. Raise sft.steps (the budget) or sft.learning_rate.",
+              flush=True)
+    return dict(samples=len(data.samples), steps=len(history), wall_s=time.time() - t0,
                 final_loss=float(np.mean([h["loss"] for h in history[-10:]])),
-                heldout_nll=sft.evaluate_nll(run.model, held_data.samples, run.tok.pad_id))
+                heldout_nll=nll, heldout_curve=curve)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
@@ -280,7 +412,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     run = _build(c, workdir, train_tokenizer=True)
     lcfg = learner_config(c)
     learner = learner_lib.Learner(run.model, lcfg)
-    curriculum = Curriculum(run.bank, curriculum_config(c)) if c.skills.enabled else None
+    curriculum = (Curriculum(run.bank, curriculum_config(c))
+                  if c.skills.enabled and c.rl.steps > 0 else None)
     ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=c.checkpoint.keep)
     rng = jax.random.key(c.seed)
     host: dict[str, Any] = {"step": 0, "eval": {}, "warm_start": None, "wall_s": 0.0}
@@ -289,8 +422,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         if curriculum is not None and host.get("curriculum"):
             curriculum.load_state_dict(host["curriculum"])
         print(f"resumed from step {step}", flush=True)
-    metrics = MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
-                            tensorboard=c.metrics.tensorboard)
+    metrics = (MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
+                             tensorboard=c.metrics.tensorboard)
+               if distributed.is_main() else _NoMetrics())
 
     def contexts():
         if curriculum is None:
@@ -308,11 +442,20 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
 
     # ------------------------------------------------------------------ warm start
     if host["warm_start"] is None and c.sft.steps > 0:
-        sft_log = open(workdir / "sft_metrics.jsonl", "w")
-        host["warm_start"] = _warm_start(run, lambda s, m: (
-            sft_log.write(json.dumps(m) + "\n"), sft_log.flush(),
-            print(f"warm start {s}/{c.sft.steps}: loss {m['loss']:.4f}", flush=True)))
-        sft_log.close()
+        entry = warm_start_cache(c)
+        if (entry is not None and (entry / "warm_start.json").exists()
+                and (entry / "tokenizer" / "tokenizer.json").read_bytes()
+                == (workdir / "tokenizer" / "tokenizer.json").read_bytes()):
+            host["warm_start"] = _load_warm_start(entry, run)
+        else:
+            sft_log = open(workdir / "sft_metrics.jsonl" if distributed.is_main() else os.devnull,
+                           "w")
+            host["warm_start"] = _warm_start(run, lambda s, m: (
+                sft_log.write(json.dumps(m) + "\n"), sft_log.flush(),
+                print(f"warm start {s}/{c.sft.steps}: loss {m['loss']:.4f}", flush=True)))
+            sft_log.close()
+            if entry is not None:
+                _store_warm_start(entry, run, host["warm_start"])
         print(f"warm start: {host['warm_start']}", flush=True)
         save(0)
 
@@ -338,9 +481,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                       seeds=[int(x) for x in task_rng.integers(0, 2**31, len(tasks))],
                       skill_context=contexts(), fmt=run.fmt)
         scores = rewards.sample_scores(res, c.rl.invalid_penalty)
-        adv = np.asarray(losses.group_advantages(
-            scores, [s.group for s in res.samples], c.rl.advantage,
-            traj_ids=[s.episode for s in res.samples]))
+        adv = advantages(c, res, scores)
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
         m: dict[str, Any] = dict(res.stats)
@@ -351,7 +492,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         if keep:
             arrays = collate([res.samples[i] for i in keep], adv[keep], run.tok.pad_id)
             arrays = pad_rows(arrays, c.rl.batch_multiple)
-            batch = learner_lib.Batch(**{k: jax.numpy.asarray(v) for k, v in arrays.items()})
+            batch = learner_lib.Batch(**{k: shd.put_replicated(v, run.model.layout)
+                                         for k, v in arrays.items()})
             updates = learner.update(batch, jax.random.fold_in(key, 1))
             for k in ("loss", "clip_frac", "entropy", "grad_norm"):
                 if k in updates[-1]:
@@ -389,11 +531,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                "wall_s": host.get("wall_s_base", 0.0) + time.time() - t_start,
                "warm_start": host["warm_start"], "eval": host["eval"],
                "curriculum": curriculum.history if curriculum is not None else []}
-    tmp = workdir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp, workdir / "summary.json")
-    from skilljax import plots
-    plots.write_all(workdir)
+    if distributed.is_main():
+        tmp = workdir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=1))
+        os.replace(tmp, workdir / "summary.json")
+        from skilljax import plots
+        plots.write_all(workdir)
     return summary
 
 
@@ -414,9 +557,10 @@ def evaluate_workdir(config, workdir, step: int | None = None) -> dict:
     block = _evaluate(run, full, jax.random.key(config.seed + 1))
     run.pool.close()
     block["step"] = step
-    tmp = workdir / f"eval_{step}.json.tmp"
-    tmp.write_text(json.dumps(block, indent=1))
-    os.replace(tmp, workdir / f"eval_{step}.json")
+    if distributed.is_main():
+        tmp = workdir / f"eval_{step}.json.tmp"
+        tmp.write_text(json.dumps(block, indent=1))
+        os.replace(tmp, workdir / f"eval_{step}.json")
     return block
 
 
@@ -426,6 +570,7 @@ def main(argv=None) -> None:
     p.add_argument("--workdir", required=True)
     args, overrides = p.parse_known_args(argv)
     config = load_config(args.config, overrides)
+    distributed.initialize_from_env()
     train(config, args.workdir)
 
 

@@ -57,11 +57,74 @@ def test_rerun_resumes_and_finishes(workdir):
     assert json.loads((workdir / "summary.json").read_text())["eval"] == json.loads(before)["eval"]
 
 
+def test_sweep_arms_share_a_cached_warm_start(tmp_path):
+    cache = tmp_path / "cache"
+    first, second = tmp_path / "a", tmp_path / "b"
+    run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", first,
+               f"--config.sft.cache_dir={cache}", "--config.rl.steps=0")
+    proc = run_module("skilljax.train", "--config", CONFIG + ":runlocal,variant=no_skills",
+                      "--workdir", second, f"--config.sft.cache_dir={cache}",
+                      "--config.rl.steps=0")
+    assert "warm start 10/10" not in proc.stdout  # not trained again
+    a, b = (json.loads((w / "summary.json").read_text()) for w in (first, second))
+    assert b["warm_start"]["cached_from"].startswith(str(cache))
+    assert "cached_from" not in a["warm_start"]
+    assert a["eval"]["initial"] == b["eval"]["initial"]  # the same policy and tokenizer
+    assert len(list(cache.iterdir())) == 1
+    # A change to a warm-start input misses the cache.
+    third = tmp_path / "c"
+    run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", third,
+               f"--config.sft.cache_dir={cache}", "--config.rl.steps=0", "--config.sft.steps=12")
+    assert len(list(cache.iterdir())) == 2
+
+
 def test_evaluate_cli(workdir):
     proc = run_module("skilljax.evaluate", "--config", CONFIG + ":runlocal", "--workdir", workdir)
     block = json.loads(proc.stdout.strip().splitlines()[-1])
     assert block["step"] == 4 and "with_skills" in block and "without_skills" in block
     assert (workdir / "eval_4.json").exists()
+
+
+def test_export_a_trained_workdir(workdir, tmp_path):
+    """The trained policy leaves as an HF directory transformers runs, with the run's tokenizer."""
+    import numpy as np
+    import transformers
+    from skilljax.rl.checkpoint import Checkpointer
+    from skilljax.tokenizer import Tokenizer
+    from tests.conftest import torch_logits
+    out = tmp_path / "hf"
+    run_module("skilljax.tools.export_hf", "--workdir", workdir, "--config", CONFIG + ":runlocal",
+               "--out", out)
+    c = train_lib.load_config(CONFIG + ":runlocal")
+    model = train_lib.build_model(c, Tokenizer.load(workdir / "tokenizer"))
+    ckpt = Checkpointer(workdir / "checkpoints")
+    ckpt.restore(model, None)
+    ckpt.close()
+    from skilljax.models import qwen
+    ids = [[3, 40, 7, 99, 12]]
+    mask = np.ones((1, 5), bool)
+    ours = np.asarray(model(np.asarray(ids), np.asarray([list(range(5))]),
+                            qwen.causal_mask(mask))[0])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    np.testing.assert_allclose(torch_logits(hf, ids), ours, atol=1e-4)
+    assert (out / "tokenizer.json").read_bytes() == (workdir / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_search_skill0_runlocal(tmp_path):
+    """The Search-QA paper config's runlocal variant: <search>/<answer> format, retrieval in the
+    env workers, curriculum over the four question-type files."""
+    cfg = str(ROOT / "configs" / "search_skill0.py")
+    run_module("skilljax.train", "--config", cfg + ":runlocal", "--workdir", tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    block = summary["eval"]["final"]["with_skills"]
+    assert set(block["per_task"]) <= {"direct", "attribute", "comparison", "multihop"}
+    assert block["tokens_per_step"] > summary["eval"]["final"]["without_skills"]["tokens_per_step"]
+    assert summary["config"]["skills"]["budgets"] == [5, 3, 0]
+    with pytest.raises(ValueError, match="checkpoint="):
+        train_lib.load_config(cfg)
+    full = train_lib.load_config(cfg + ":checkpoint=/models/qwen")
+    assert (full.rl.learning_rate, full.rl.group_size, full.rl.tasks_per_step) == (1e-6, 8, 128)
+    assert (full.rl.invalid_penalty, full.eval.temperature, full.rl.steps) == (0.01, 0.4, 180)
 
 
 def test_sweep_lists_the_ablations():
@@ -70,3 +133,4 @@ def test_sweep_lists_the_ablations():
                          cwd=ROOT).stdout.splitlines()
     assert len(out) == 14 and all("skilljax.train" in line for line in out)
     assert any("variant=no_skills,seed=1" in line for line in out)
+    assert all("--config.sft.cache_dir=/tmp/x/warm_start_cache" in line for line in out)

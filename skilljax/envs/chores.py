@@ -14,6 +14,9 @@ Two task sources:
 - `source="random"`: tasks with a made-up verb and a random procedure over the same devices, each
   carrying its own procedure text (`procedure_text`), for the warm start that teaches a policy to
   follow skill text rather than the benchmark's conventions.
+- `source="convention"`: made-up verbs with one fixed procedure each (`CONVENTION_VERBS`), for
+  warm-start episodes shown without text: conventions known by heart, as a pretrained LLM knows
+  everyday ones, so the policy also maps a task's verb to a procedure when no skill is given.
 
 Actions: `go to ROOM`, `take OBJECT` (one object in hand), `use DEVICE`, `put OBJECT in RECEPTACLE`.
 Taking, using and putting walk to the right room first (one step in all): rooms shape what one
@@ -73,6 +76,16 @@ BENCHMARK: dict[str, dict[str, Any]] = {
 # Made-up verbs for randomised procedures (never a benchmark verb).
 RANDOM_VERBS = ("polish", "rinse", "dust", "wrap", "seal", "stamp", "tune", "press", "scrub", "mark",
                 "chill", "warm", "season", "fold", "spin", "shake", "tag", "buff", "coat", "glaze")
+# Made-up verbs with a fixed procedure each (`source="convention"`): conventions a policy can only
+# know by heart, as a pretrained model knows everyday ones. Disjoint from both lists above.
+CONVENTION_VERBS = ("sort", "mend", "prime", "sand", "steam", "iron", "soak", "grind", "freshen",
+                    "varnish", "pack", "trim")
+
+
+def convention_steps(verb: str) -> tuple[str, ...]:
+    """The fixed procedure of a convention verb (1–3 distinct devices, from a hash of the verb)."""
+    rng = random.Random(int(hashlib.sha256(f"convention/{verb}".encode()).hexdigest(), 16))
+    return tuple(rng.sample(DEVICES, rng.randint(1, 3)))
 
 
 def procedure_text(verb: str, steps: tuple[str, ...], dest: str | None) -> str:
@@ -147,17 +160,22 @@ class Chores(Env):
                 tasks.append(Task(f"{ttype}-{split}-{seed}-{i}", ttype, split,
                                   _payload(rng, spec["verb"], obj, room, dest, spec["steps"])))
             return tasks
-        if source == "random":
+        if source in ("random", "convention"):
             tasks = []
             for i in range(num):
-                verb = rng.choice(RANDOM_VERBS)
-                steps = rng.sample(DEVICES, rng.randint(1, 3))
+                if source == "random":
+                    verb = rng.choice(RANDOM_VERBS)
+                    steps = rng.sample(DEVICES, rng.randint(1, 3))
+                else:
+                    verb = rng.choice(CONVENTION_VERBS)
+                    steps = convention_steps(verb)
                 dest = rng.choice(RECEPTACLES + (None,))
                 obj, room = rng.choice(list(CATEGORY_OF)), rng.choice(list(ROOMS))
-                tasks.append(Task(f"random-{split}-{seed}-{i}", "random", split,
+                tasks.append(Task(f"{source}-{split}-{seed}-{i}", source, split,
                                   _payload(rng, verb, obj, room, dest, steps)))
             return tasks
-        raise ValueError(f"chores task source must be 'benchmark' or 'random', not {source!r}.")
+        raise ValueError(f"chores task source must be 'benchmark', 'random' or 'convention', "
+                         f"not {source!r}.")
 
     @staticmethod
     def _combos(ttype: str):
@@ -196,7 +214,9 @@ class Chores(Env):
         return acts
 
     def _info(self, valid: bool, **extra) -> dict[str, Any]:
-        return dict(admissible_actions=self.admissible_actions(), valid=valid, room=self.room,
+        # "state": the observation without the last action's message (GiGPO's anchor state).
+        return dict(admissible_actions=self.admissible_actions(), valid=valid,
+                    state=self._describe(), room=self.room,
                     held=self.held, progress=self.progress, task_type=self.task.type, **extra)
 
     def _won(self) -> bool:

@@ -153,6 +153,8 @@ class StepSample:
     reward: float                # the env reward of this step
     truncated_response: bool     # hit max_new_tokens without a stop token
     counts: dict[str, int]       # skill/history/observation/template/response tokens
+    anchor: str = ""             # the env state the action was taken in (GiGPO's anchor state):
+                                 # info["state"] where the env gives one, else the observation
 
 
 @dataclasses.dataclass
@@ -213,12 +215,13 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     t_start = time.perf_counter()
     resets = pool.reset([t.task for t in trajs], [t.seed for t in trajs])
     env_s, sample_s = time.perf_counter() - t_start, 0.0
-    obs, admissible, goal, history = {}, {}, {}, {}
+    obs, admissible, goal, history, state = {}, {}, {}, {}, {}
     for i, r in enumerate(resets):
         if r.failure:
             trajs[i].done, trajs[i].failure = True, r.failure
         else:
             obs[i], admissible[i] = r.observation, r.info.get("admissible_actions")
+            state[i] = r.info.get("state", r.observation)
             goal[i], history[i] = r.info.get("goal") or r.observation, []
     samples: list[StepSample] = []
     for turn in range(cfg.max_turns):
@@ -244,7 +247,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             trajs[i].samples.append(len(samples))
             samples.append(StepSample(prompts[j].ids, list(out.token_ids[j]), out.logprobs[j], i,
                                       trajs[i].group, turn, action, valid, reason, 0.0,
-                                      out.finish_reasons[j] == "length", counts))
+                                      out.finish_reasons[j] == "length", counts, state[i]))
         t0 = time.perf_counter()
         results = pool.step(actions)
         env_s += time.perf_counter() - t0
@@ -256,6 +259,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             t.valid.append(s.valid)
             history[i].append((obs[i], actions[i]))
             obs[i], admissible[i] = r.observation, r.info.get("admissible_actions")
+            state[i] = r.info.get("state", r.observation)
             if r.done:
                 t.done, t.won = True, bool(r.won)
                 t.failure = r.info.get("failure")

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from skilljax import sharding as shd
 from skilljax.models import qwen
 from skilljax.rl.learner import token_logprobs
 from skilljax.rl.rollout import StepSample, collate
@@ -66,11 +67,14 @@ def _batch(samples: Sequence[StepSample], pad_id: int, multiple: int = 32):
 
 
 def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_id: int,
-          seed: int = 0, log_every: int = 0, on_step=None) -> list[dict[str, float]]:
-    """`cfg.steps` optimiser steps on batches drawn without replacement (reshuffled per epoch).
+          seed: int = 0, log_every: int = 0, on_step=None,
+          should_stop=None) -> list[dict[str, float]]:
+    """Up to `cfg.steps` optimiser steps on batches drawn without replacement (reshuffled per epoch).
 
     Batch rows are grouped by length (a shuffled epoch is cut into chunks of 16 batches, each chunk
-    sorted by length) so padding stays small. `on_step(step, metrics)` is called after each step.
+    sorted by length) so padding stays small. `on_step(step, metrics)` is called after each step;
+    training ends early when `should_stop(step)` returns True (the learning-rate schedule still
+    spans `cfg.steps`, so `cfg.steps` is a budget, not a promise).
     """
     if not samples:
         raise ValueError("SFT needs at least one expert step sample.")
@@ -90,7 +94,9 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
             order = [i for b in batches for i in b]
         idx, order = order[:bs], order[bs:]
         t0 = time.perf_counter()
-        loss, gnorm = _step(model, optimizer, *_batch([samples[i] for i in idx], pad_id))
+        batch = (shd.put_replicated(a, model.layout)
+                 for a in _batch([samples[i] for i in idx], pad_id))
+        loss, gnorm = _step(model, optimizer, *batch)
         metrics = dict(step=step + 1, loss=float(loss), grad_norm=float(gnorm),
                        step_s=time.perf_counter() - t0)
         history.append(metrics)
@@ -98,6 +104,8 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
             on_step(step + 1, metrics)
         if log_every and (step + 1) % log_every == 0:
             print(f"sft step {step + 1}/{cfg.steps}: loss {metrics['loss']:.4f}", flush=True)
+        if should_stop is not None and should_stop(step + 1):
+            break
     return history
 
 
@@ -107,7 +115,7 @@ def evaluate_nll(model: qwen.Qwen, samples: Sequence[StepSample], pad_id: int,
     total, count = 0.0, 0
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
-        tokens, mask, attn = _batch(chunk, pad_id)
+        tokens, mask, attn = (shd.put_replicated(a, model.layout) for a in _batch(chunk, pad_id))
         n = float(mask.sum())
         total += float(_eval_nll(model, tokens, mask, attn)) * n
         count += n

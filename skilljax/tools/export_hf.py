@@ -1,7 +1,11 @@
-"""Export a policy as a Hugging Face directory: `python -m skilljax.tools.export_hf --checkpoint SRC --out HF_DIR`.
+"""Export a policy as a Hugging Face directory.
 
-SRC is an HF directory (re-export, e.g. to change dtype) or a preset name. The result loads with
-`transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)`.
+    python -m skilljax.tools.export_hf --checkpoint SRC --out HF_DIR
+    python -m skilljax.tools.export_hf --workdir RUN_DIR --config CONFIG[:arg] [--step N] --out HF_DIR
+
+SRC is an HF directory (re-export, e.g. to change dtype) or a preset name; RUN_DIR is a training
+workdir of `skilljax.train` (its latest checkpoint, or `--step`, with its tokenizer). The result
+loads with `transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)`.
 """
 
 from __future__ import annotations
@@ -10,9 +14,29 @@ import argparse
 import json
 
 
+def _from_workdir(config: str, workdir, step):
+    from skilljax import train
+    from skilljax.rl.checkpoint import Checkpointer
+    from skilljax.tokenizer import Tokenizer
+
+    c = train.load_config(config)
+    tok_dir = workdir / "tokenizer"
+    if not (tok_dir / "tokenizer.json").exists():
+        raise SystemExit(f"{workdir} has no tokenizer/: is it a skilljax.train workdir?")
+    model = train.build_model(c, Tokenizer.load(tok_dir))
+    ckpt = Checkpointer(workdir / "checkpoints")
+    ckpt.restore(model, None, step)  # params only; errors name the workdir and the step
+    ckpt.close()
+    return model, str(tok_dir)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="HF directory or preset name")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="HF directory or preset name")
+    src.add_argument("--workdir", help="a skilljax.train workdir")
+    p.add_argument("--config", help="the workdir's config file[:arg] (with --workdir)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--out", required=True, help="output HF directory")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the model's)")
     p.add_argument("--tokenizer", default=None,
@@ -26,10 +50,16 @@ def main(argv=None):
     from skilljax import models
     from skilljax.models import hf_io
 
-    cfg, model = models.load(args.checkpoint)
-    tokenizer = args.tokenizer
-    if tokenizer is None and (Path(args.checkpoint) / "tokenizer.json").exists():
-        tokenizer = args.checkpoint
+    if args.workdir:
+        if not args.config:
+            p.error("--workdir needs --config (the config the run was trained with)")
+        model, tokenizer = _from_workdir(args.config, Path(args.workdir), args.step)
+        cfg = model.cfg
+    else:
+        cfg, model = models.load(args.checkpoint)
+        tokenizer = args.tokenizer
+        if tokenizer is None and (Path(args.checkpoint) / "tokenizer.json").exists():
+            tokenizer = args.checkpoint
     out = hf_io.export(model, args.out, dtype=args.dtype, tokenizer_dir=tokenizer,
                        max_shard_bytes=int(args.max_shard_gb * (1 << 30)), overwrite=args.overwrite)
     print(json.dumps({"out": str(out), "model_type": cfg.model_type, "params": cfg.num_params()}))

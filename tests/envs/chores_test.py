@@ -100,6 +100,26 @@ def test_random_procedures_carry_their_text_and_avoid_benchmark_verbs():
     assert f"use {', '.join(t.payload['steps'])}" in t.payload["procedure"]
 
 
+def test_convention_verbs_have_one_procedure_each():
+    from skilljax.envs.chores import CONVENTION_VERBS, RANDOM_VERBS, convention_steps
+    tasks = Chores.make_tasks("train", 80, seed=0, source="convention")
+    assert {t.type for t in tasks} == {"convention"}
+    by_verb = {}
+    for t in tasks:
+        by_verb.setdefault(t.payload["verb"], set()).add(tuple(t.payload["steps"]))
+    assert len(by_verb) > 6 and all(len(v) == 1 for v in by_verb.values())
+    assert {v for (v,) in map(tuple, by_verb.values())} == {convention_steps(v) for v in by_verb}
+    assert not set(CONVENTION_VERBS) & (set(RANDOM_VERBS) | {s["verb"] for s in BENCHMARK.values()})
+    env = Chores()
+    for t in tasks[:10]:
+        env.reset(t)
+        done = won = False
+        while not done:
+            r = env.step(env.expert_action())
+            done, won = r.done, r.won
+        assert won
+
+
 def test_bad_options():
     with pytest.raises(ValueError, match="splits"):
         Chores.make_tasks("valid", 1)

@@ -46,14 +46,19 @@ def test_micro_batches_equal_whole_batch(agg):
         np.testing.assert_allclose(a, b, atol=1e-5 * scale)
     if agg != "token-mean":
         return
-    # And the optimiser step that follows is the same step (Adam's first step is ±lr where the
-    # gradient is at float noise, hence the tolerance relative to lr = 1e-3).
+    # And the optimiser step that follows is the same step. Adam's first step is lr·sign(g), so
+    # where the gradient is at float-noise level (embedding rows no token used, ...) its sign,
+    # hence the step, is arbitrary: compare where |g| stands clearly above the noise.
+    grads = {k: np.asarray(v.get_value()) for k, v in
+             nnx.State(step(model, batch, LearnerConfig(loss_agg=agg))[1]).flat_state()}
     for micro in (None, 2):
         _, m = models.load("tiny", num_layers=1, seed=0)
         Learner(m, LearnerConfig(learning_rate=1e-3, micro_batch_size=micro, loss_agg=agg)).update(batch)
         results.append(params(m))
     for k in results[2]:
-        np.testing.assert_allclose(results[3][k], results[2][k], atol=2e-4)
+        clear = np.abs(grads[k]) > 1e-4 * scale
+        assert clear.mean() > 0.1  # the comparison covers a real share of each tensor
+        np.testing.assert_allclose(results[3][k][clear], results[2][k][clear], atol=1e-5)
 
 
 def test_toy_task_reward_rises():

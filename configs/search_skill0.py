@@ -1,0 +1,83 @@
+"""SKILL0 on Search-QA with the released launch settings (`scripts/train_search_skillzero_3b.sh`).
+
+    python -m skilljax.train --config configs/search_skill0.py:checkpoint=/models/Qwen2.5-3B-Instruct \
+        --workdir /runs/search_3b --config.mesh=fsdp=4
+    python -m skilljax.train --config configs/search_skill0.py:runlocal --workdir /tmp/search_local
+
+Released settings (`shared/reference/skill0_released_code.md` §7.2): Qwen2.5(-VL)-3B/7B-Instruct,
+lr 1e-6, G = 8, 128 questions per step, budgets [5, 3, 0] over 180 steps with validation every 10
+(the set chosen at a validation applies to the following steps), temperature 1.0 in training and
+0.4 (sampled) in validation, invalid-action penalty 0.01, token-mean loss, no KL, entropy 0.001,
+at most 4 turns with the last 4 turns in the prompt, prompts ≤ 4096 and responses ≤ 512 tokens,
+BM25 top-3 retrieval. We run the text path (the released default renders history to images for a
+VL model; that path is not built yet), so use the text-only Instruct checkpoints.
+
+Arguments: `checkpoint` (an HF directory with the model and its tokenizer.json; required unless
+`runlocal`), `seed`, `variant` (the paper's ablations, VARIANTS), `data_dir` (your Search-R1-style
+data; default: the generated offline corpus), `runlocal` (tiny random policy, a minute on a CPU).
+Hardware: the released runs used 4 GPUs (80 GB); on TPU use an fsdp mesh over the slice.
+"""
+
+import ml_collections
+
+from skilljax.config import apply_variant, parse_arg, skill0_variants
+
+VARIANTS = skill0_variants(5)  # four question-type files + general skills
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, seed=0, checkpoint="", data_dir="", runlocal=False, variant="curriculum")
+    if not arg.checkpoint and not arg.runlocal:
+        raise ValueError("configs/search_skill0.py needs checkpoint=<HF directory of "
+                         "Qwen2.5-3B/7B-Instruct> (weights are never downloaded), or runlocal.")
+    c = ml_collections.ConfigDict()
+    c.seed = arg.seed
+    c.mesh = ""  # e.g. "fsdp=4" on 4 GPUs, "fsdp=8" on a v5e-8
+
+    task_options = {"data_dir": arg.data_dir} if arg.data_dir else {}
+    c.env = dict(name="search_qa", workers=8, timeout_s=60.0,
+                 kwargs={"retriever": "bm25", "top_k": 3}, task_options=task_options,
+                 train_tasks=20000)
+    c.tokenizer = dict(path=arg.checkpoint, vocab_size=0, corpus_tasks=0)
+    c.model = dict(checkpoint=arg.checkpoint, dtype="bfloat16", overrides={})
+    c.prompt = dict(role="", history_length=4, show_admissible=False, require_think=False,
+                    instruction=None, max_prompt_tokens=4096, format="search_answer")
+    c.sft = dict(steps=0, batch_size=16, learning_rate=1e-5, warmup_steps=0, tasks=0,
+                 check_every=0, target_heldout_nll=0.0, with_skills=True, task_options={},
+                 without_skills_fraction=0.0, bare_task_options={}, cache_dir="")
+    c.rl = dict(steps=180, tasks_per_step=128, group_size=8, max_turns=4, max_new_tokens=512,
+                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6, weight_decay=0.0,
+                grad_clip=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg="token-mean",
+                entropy_coef=0.001, kl_coef=0.0, kl_kind="k3", micro_batch_size=16, ppo_epochs=1,
+                advantage="grpo", gigpo_gamma=0.95, gigpo_mode="mean_norm", gigpo_step_weight=1.0,
+                invalid_penalty=0.01, drop_zero_advantage=False, batch_multiple=64)
+    c.skills = dict(enabled=True, dir="", validate_every=10, num_stages=3, budgets=(5, 3, 0),
+                    filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
+                    val_tasks_per_type=128)
+    c.eval = dict(tasks=512, temperature=0.4, samples_per_task=1, seeds=1)
+    c.checkpoint = dict(every=10, keep=3)
+    c.metrics = dict(tensorboard=True)
+    c = ml_collections.ConfigDict(c)
+    apply_variant(c, VARIANTS, arg.variant)
+
+    if arg.runlocal:  # the same pipeline with a tiny random policy and its own small tokenizer
+        c.env.workers, c.env.train_tasks = 2, 16
+        c.tokenizer = ml_collections.ConfigDict(dict(path="", vocab_size=600, corpus_tasks=12))
+        c.model = ml_collections.ConfigDict(dict(
+            checkpoint="tiny", dtype="float32",
+            overrides=dict(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2, num_kv_heads=2,
+                           head_dim=32)))
+        c.prompt.max_prompt_tokens = None
+        c.sft.update(steps=4, tasks=8, batch_size=8, learning_rate=1e-3)
+        c.rl.update(steps=2, tasks_per_step=2, group_size=2, max_new_tokens=12,
+                    learning_rate=1e-4, micro_batch_size=None, batch_multiple=16)
+        c.skills.update(validate_every=1, val_tasks_per_type=1)
+        c.eval.tasks = 4
+        c.checkpoint.every = 1
+        c.metrics.tensorboard = False
+    return c
+
+
+def sweep(add, arg=None):
+    for variant in VARIANTS:
+        add(arg=f"variant={variant}")
