@@ -21,7 +21,9 @@ setup() {  # $1: "test" to include the test extras and fixtures
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$(echo "$stamp_src" | sha256sum)" ]; then
     # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
     if [ -n "$extras" ]; then "$VENV/bin/pip" install -q "$(grep '^torch==' requirements-test.txt)"; fi
-    "$VENV/bin/pip" install -q -e ".$extras"
+    # The venv first on PATH: fast-downward-textworld (alfworld's planner) builds from source
+    # with whatever `python` PATH finds first.
+    PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/pip" install -q -e ".$extras"
     echo "$stamp_src" | sha256sum > "$stamp"
   fi
   if [ -n "$extras" ]; then fetch_qwen_tokenizer; fi

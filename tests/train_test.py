@@ -127,6 +127,20 @@ def test_search_skill0_runlocal(tmp_path):
     assert (full.rl.invalid_penalty, full.eval.temperature, full.rl.steps) == (0.01, 0.4, 180)
 
 
+def test_alfworld_skill0_runlocal(tmp_path):
+    """The ALFWorld paper config's runlocal variant on synthesized games (needs `alfworld`)."""
+    pytest.importorskip("alfworld")
+    cfg = str(ROOT / "configs" / "alfworld_skill0.py")
+    run_module("skilljax.train", "--config", cfg + ":runlocal", "--workdir", tmp_path)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["skills"]["budgets"] == [6, 3, 0]
+    assert summary["eval"]["final"]["with_skills"]["tokens_per_step"] > 0
+    full = train_lib.load_config(cfg + ":checkpoint=/models/qwen")
+    assert (full.rl.learning_rate, full.rl.tasks_per_step, full.rl.invalid_penalty) == (1e-6, 16, 0.1)
+    assert (full.env.kwargs.max_steps, full.prompt.require_think, full.env.test_split) == \
+        (50, True, "valid_seen")
+
+
 def test_sweep_lists_the_ablations():
     out = subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"), CONFIG, "--workdir",
                           "/tmp/x", "--print"], capture_output=True, text=True, check=True,
