@@ -49,7 +49,9 @@ def get_config(arg=None):
     c.sft = dict(steps=4500, batch_size=16, learning_rate=3e-3, warmup_steps=20, tasks=3000,
                  check_every=250, target_heldout_nll=0.05,
                  with_skills=True, task_options={"source": "random"}, without_skills_fraction=0.25,
-                 bare_task_options={"source": "convention"},
+                 # No-skill episodes: verbs known by heart, and unknown verbs (whose device the
+                 # policy cannot know: it learns to spread its guesses, so RL can explore).
+                 bare_task_options=({"source": "convention"}, {"source": "random"}),
                  cache_dir="")
 
     c.rl = dict(steps=60, tasks_per_step=6, group_size=8, max_turns=10, max_new_tokens=16,

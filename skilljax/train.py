@@ -320,9 +320,10 @@ def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
         corpus_tasks = (cls.make_tasks("train", c.tokenizer.corpus_tasks, seed=c.seed,
                                        **dict(c.sft.task_options))
                         + train_tasks[:c.tokenizer.corpus_tasks])
-        if c.sft.get("bare_task_options"):
+        bare_options = c.sft.get("bare_task_options") or []
+        for o in ([bare_options] if isinstance(bare_options, dict) else bare_options):
             corpus_tasks += cls.make_tasks("train", c.tokenizer.corpus_tasks // 4, seed=c.seed,
-                                           **dict(c.sft.bare_task_options))
+                                           **dict(o))
         corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True))
         tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size)
         if distributed.is_main():
@@ -350,11 +351,15 @@ def _warm_start(run: _Run, log) -> dict:
     # A fraction of the episodes is shown without any skill text (from `bare_task_options`, by
     # default the same generator), so the policy also learns what to do when no procedure is
     # given: for chores, procedures of verbs it knows by heart (`source="convention"`).
+    # `bare_task_options` may list several generators, which share the no-skill episodes equally.
     n_bare = round(c.sft.tasks * float(c.sft.get("without_skills_fraction", 0.0)))
     tasks = cls.make_tasks("train", c.sft.tasks - n_bare, seed=c.seed + 1,
                            **dict(c.sft.task_options))
-    bare = cls.make_tasks("train", n_bare, seed=c.seed + 2,
-                          **dict(c.sft.get("bare_task_options") or c.sft.task_options))
+    options = c.sft.get("bare_task_options") or c.sft.task_options
+    options = [dict(o) for o in options] if isinstance(options, (list, tuple)) else [dict(options)]
+    bare = [t for k, o in enumerate(options)
+            for t in cls.make_tasks("train", n_bare // len(options) + (k < n_bare % len(options)),
+                                    seed=c.seed + 2, **o)]
     bare_ids = {t.id for t in bare}
     if len(bare_ids) < len(bare) or bare_ids & {t.id for t in tasks}:
         raise ValueError("sft task ids collide between the skill and no-skill warm-start tasks.")
