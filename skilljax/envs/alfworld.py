@@ -36,20 +36,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import fcntl
-import glob
 import hashlib
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
 from typing import Any
 
 from skilljax.envs import alfworld_gen as gen
-from skilljax.envs.base import Env, EnvError, StepResult, Task
+from skilljax.envs.base import Env, EnvError, StepResult, Task, build_once
 
 TASK_TYPES = gen.TASK_TYPES
 SPLITS = gen.SPLITS
@@ -263,30 +260,7 @@ def _build(s: dict[str, Any], out_dir: str) -> None:
 
 def generate(payload: dict[str, Any]) -> bool:
     """Makes sure a synthesized task's game exists; True when this call built it."""
-    game_file = payload["game_file"]
-    if os.path.exists(game_file):
-        return False
-    trial_dir = os.path.dirname(game_file)
-    parent, name = os.path.split(trial_dir)
-    os.makedirs(parent, exist_ok=True)
-    with open(os.path.join(parent, f".lock-{name}"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if the holder dies
-        try:
-            if os.path.exists(game_file):  # someone built it while we waited
-                return False
-            for stale in glob.glob(os.path.join(parent, f".tmp-{name}-*")):
-                shutil.rmtree(stale, ignore_errors=True)  # left by a crashed holder of this lock
-            tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
-            try:
-                _build(payload["spec"], tmp)
-                os.chmod(tmp, 0o755)
-                os.rename(tmp, trial_dir)  # atomic: the game appears whole or not at all
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            return True
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return build_once(payload["game_file"], lambda tmp: _build(payload["spec"], tmp))
 
 
 def prepare(task_list: list[Task], workers: int = GENERATION_WORKERS) -> int:

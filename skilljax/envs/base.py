@@ -24,7 +24,12 @@ episode; they cost a step and return the game's "Nothing happens."-style observa
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import glob
 import importlib
+import os
+import shutil
+import tempfile
 from typing import Any, ClassVar
 
 SUCCESS_REWARD = 10.0  # ReuseRL app. E / SKILL0: reward 10 on success, 0 otherwise
@@ -134,3 +139,34 @@ def env_class(name: str) -> type[Env]:
 
 def make(name: str, **kwargs) -> Env:
     return env_class(name)(**kwargs)
+
+
+def build_once(game_file: str, build) -> bool:
+    """Make sure `game_file` exists, building its directory with `build(tmp_dir)` if it does not;
+    True when this call built it. Safe across processes: one exclusive `flock` per directory (the
+    kernel releases it if the holder dies), the build happens in a private temporary directory
+    renamed into place, so the game appears whole or not at all; a crashed builder's leftovers are
+    removed by the next one."""
+    if os.path.exists(game_file):
+        return False
+    game_dir = os.path.dirname(game_file)
+    parent, name = os.path.split(game_dir)
+    os.makedirs(parent, exist_ok=True)
+    with open(os.path.join(parent, f".lock-{name}"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if os.path.exists(game_file):  # someone built it while we waited
+                return False
+            for stale in glob.glob(os.path.join(parent, f".tmp-{name}-*")):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
+            try:
+                build(tmp)
+                os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the game from other users
+                os.rename(tmp, game_dir)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            return True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

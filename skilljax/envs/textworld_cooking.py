@@ -26,23 +26,19 @@ and target and whether it scored ("progress"), for rule-based skill projections 
 from __future__ import annotations
 
 import atexit
-import fcntl
-import glob
 import hashlib
 import json
 import os
 import queue
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import warnings
 from concurrent import futures
 from typing import Any
 
-from skilljax.envs.base import Env, EnvError, StepResult, Task
+from skilljax.envs.base import Env, EnvError, StepResult, Task, build_once
 
 DIFFICULTIES = ("simple", "hard")
 _BASE = {"open": True, "drop": False, "recipe_seed": 0}
@@ -117,30 +113,7 @@ def _compile(settings: dict[str, Any], game_seed: int, out_dir: str) -> None:
 
 def generate(payload: dict[str, Any]) -> bool:
     """Makes sure the task's game exists; True when this call built it. Safe to run concurrently."""
-    game_file = payload["game_file"]
-    if os.path.exists(game_file):
-        return False
-    game_dir = os.path.dirname(game_file)
-    parent, name = os.path.split(game_dir)
-    os.makedirs(parent, exist_ok=True)
-    with open(os.path.join(parent, f".lock-{name}"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if the holder dies
-        try:
-            if os.path.exists(game_file):  # someone built it while we waited
-                return False
-            for stale in glob.glob(os.path.join(parent, f".tmp-{name}-*")):
-                shutil.rmtree(stale, ignore_errors=True)  # left by a crashed holder of this lock
-            tmp = tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=parent)
-            try:
-                _compile(payload["settings"], payload["game_seed"], tmp)
-                os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the game from other users
-                os.rename(tmp, game_dir)  # atomic: the game appears whole or not at all
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            return True
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return build_once(payload["game_file"], lambda tmp: _compile(payload["settings"], payload["game_seed"], tmp))
 
 
 _QUEUE: queue.Queue = queue.Queue()

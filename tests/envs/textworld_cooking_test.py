@@ -262,23 +262,3 @@ def test_switching_games_does_not_leak(games):
     # jericho's in-place load grew ~0.5 MB per switch (~40 MB here); a fresh interpreter does not.
     assert rss_mb() - before < 12
     env.close()
-
-
-def test_pool_steps_faster_with_two_workers(games):
-    # The pool's reason to exist: a slow env steps in parallel. Loose bound (2 cores, shared).
-    from skilljax.envs.pool import EnvPool
-    _, made = games
-    tasks = made["train"] + made["test"] + made["hard"]
-
-    def seconds(workers):
-        with EnvPool("textworld_cooking", num_workers=workers) as pool:
-            assert all(r.failure is None for r in pool.reset(tasks, [0] * len(tasks)))
-            start = time.perf_counter()
-            for _ in range(12):
-                out = pool.step({i: "look" for i in range(len(tasks))})
-                assert not any("failure" in r.info for r in out.values())
-            return time.perf_counter() - start
-    one, two = seconds(1), seconds(2)
-    print(f"\n[measure] 12 batched steps of {len(tasks)} games: 1 worker {one:.2f} s, "
-          f"2 workers {two:.2f} s ({one / two:.2f}x)")
-    assert one / two > 1.25
