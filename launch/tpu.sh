@@ -30,13 +30,14 @@ case "$MODE" in
     [ -n "$REPO_URL" ] || { echo "set REPO_URL to a git URL the TPU hosts can clone" >&2; exit 2; }
     ssh_all "set -e; [ -d $REMOTE_DIR ] || git clone $REPO_URL $REMOTE_DIR; cd $REMOTE_DIR && git pull -q \
       && python3 -m venv .venv && .venv/bin/pip install -q -e '.[envs]' \
-      && .venv/bin/pip install -q 'jax[tpu]==\$(.venv/bin/python -c \"import jax; print(jax.__version__)\")' \
+      && .venv/bin/pip install -q \"jax[tpu]==\$(.venv/bin/python -c 'import jax; print(jax.__version__)')\" \
          -f https://storage.googleapis.com/jax-releases/libtpu_releases.html"
     ;;
   run)
     CONFIG=${1:?CONFIG}; WORKDIR=${2:?WORKDIR}; shift 2
+    ARGS=$(printf '%q ' --config "$CONFIG" --workdir "$WORKDIR" "$@")  # quoted for the remote shell
     ssh_all "cd $REMOTE_DIR && SKILLJAX_DISTRIBUTED=auto nohup .venv/bin/python -m skilljax.train \
-      --config $CONFIG --workdir $WORKDIR $* > train_\$(hostname).log 2>&1 &"
+      $ARGS > train_\$(hostname).log 2>&1 &"
     echo "started on every host of $TPU_NAME; logs: ~/$REMOTE_DIR/train_<host>.log on each host"
     ;;
   local)

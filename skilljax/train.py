@@ -110,7 +110,8 @@ def response_format(c):
 
 
 def rollout_config(c, *, evaluation: bool) -> RolloutConfig:
-    env_limit = envs_base.env_class(c.env.name).max_steps
+    # The env's step limit: its constructor argument when the config sets one, else its default.
+    env_limit = c.env.kwargs.get("max_steps", envs_base.env_class(c.env.name).max_steps)
     return RolloutConfig(
         group_size=c.rl.group_size,
         max_turns=min(c.rl.max_turns or env_limit, env_limit),
@@ -193,6 +194,14 @@ def advantages(c, res, scores: np.ndarray) -> np.ndarray:
         step_weight=c.rl.gigpo_step_weight))
 
 
+def bare_task_options(c) -> list[dict]:
+    """`sft.bare_task_options`: one generator's options or a list of them ([] when unset)."""
+    options = c.sft.get("bare_task_options") or []
+    if isinstance(options, (list, tuple)):
+        return [dict(o) for o in options]
+    return [dict(options)]
+
+
 def warm_start_cache(c) -> Path | None:
     """Where this config's warm start is cached (`sft.cache_dir`), or None when caching is off.
 
@@ -209,6 +218,7 @@ def warm_start_cache(c) -> Path | None:
     parts = {k: cfg.get(k) for k in ("seed", "env", "tokenizer", "model", "prompt")}
     parts["sft"] = {k: v for k, v in cfg["sft"].items() if k != "cache_dir"}
     parts["skills_dir"] = c.skills.dir
+    parts["max_turns"] = rollout_config(c, evaluation=True).max_turns  # cuts expert episodes
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
     return Path(c.sft.cache_dir) / key
 
@@ -304,6 +314,7 @@ def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
     train_tasks, val_tasks, test_tasks = _tasks(c)
 
     tok_dir = workdir / "tokenizer"
+    distributed.barrier("tokenizer")  # every process looks before process 0 writes one
     cached = warm_start_cache(c)
     if (tok_dir / "tokenizer.json").exists():
         tok = Tokenizer.load(tok_dir)
@@ -320,10 +331,8 @@ def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
         corpus_tasks = (cls.make_tasks("train", c.tokenizer.corpus_tasks, seed=c.seed,
                                        **dict(c.sft.task_options))
                         + train_tasks[:c.tokenizer.corpus_tasks])
-        bare_options = c.sft.get("bare_task_options") or []
-        for o in ([bare_options] if isinstance(bare_options, dict) else bare_options):
-            corpus_tasks += cls.make_tasks("train", c.tokenizer.corpus_tasks // 4, seed=c.seed,
-                                           **dict(o))
+        for o in bare_task_options(c):
+            corpus_tasks += cls.make_tasks("train", c.tokenizer.corpus_tasks // 4, seed=c.seed, **o)
         corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True))
         tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size)
         if distributed.is_main():
@@ -355,8 +364,7 @@ def _warm_start(run: _Run, log) -> dict:
     n_bare = round(c.sft.tasks * float(c.sft.get("without_skills_fraction", 0.0)))
     tasks = cls.make_tasks("train", c.sft.tasks - n_bare, seed=c.seed + 1,
                            **dict(c.sft.task_options))
-    options = c.sft.get("bare_task_options") or c.sft.task_options
-    options = [dict(o) for o in options] if isinstance(options, (list, tuple)) else [dict(options)]
+    options = bare_task_options(c) or [dict(c.sft.task_options)]
     bare = [t for k, o in enumerate(options)
             for t in cls.make_tasks("train", n_bare // len(options) + (k < n_bare % len(options)),
                                     seed=c.seed + 2, **o)]

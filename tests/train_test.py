@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from skilljax import train as train_lib
@@ -21,6 +22,10 @@ def test_overrides_and_errors():
         train_lib.load_config(CONFIG, ["--config.rl.nope=1"])
     with pytest.raises(ValueError, match="Unknown variant"):
         train_lib.load_config(CONFIG + ":variant=magic")
+    c = train_lib.load_config(CONFIG)
+    assert train_lib.bare_task_options(c) == [{"source": "convention"}, {"source": "random"}]
+    one = ml_collections.ConfigDict({"sft": {"bare_task_options": {"source": "convention"}}})
+    assert train_lib.bare_task_options(one) == [{"source": "convention"}]  # a single generator
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +144,7 @@ def test_alfworld_skill0_runlocal(tmp_path):
     assert (full.rl.learning_rate, full.rl.tasks_per_step, full.rl.invalid_penalty) == (1e-6, 16, 0.1)
     assert (full.env.kwargs.max_steps, full.prompt.require_think, full.env.test_split) == \
         (50, True, "valid_seen")
+    assert train_lib.rollout_config(full, evaluation=False).max_turns == 50  # the env's kwarg
 
 
 def test_sweep_lists_the_ablations():

@@ -14,12 +14,12 @@ import argparse
 import json
 
 
-def _from_workdir(config: str, workdir, step):
+def _from_workdir(config: str, overrides: list[str], workdir, step):
     from skilljax import train
     from skilljax.rl.checkpoint import Checkpointer
     from skilljax.tokenizer import Tokenizer
 
-    c = train.load_config(config)
+    c = train.load_config(config, overrides)
     tok_dir = workdir / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         raise SystemExit(f"{workdir} has no tokenizer/: is it a skilljax.train workdir?")
@@ -43,7 +43,9 @@ def main(argv=None):
                    help="directory with tokenizer.json to copy (default: the checkpoint's, if any)")
     p.add_argument("--max-shard-gb", type=float, default=4.0)
     p.add_argument("--overwrite", action="store_true")
-    args = p.parse_args(argv)
+    args, overrides = p.parse_known_args(argv)  # --config.a.b=v: the run's overrides
+    if overrides and not args.workdir:
+        p.error(f"unrecognized arguments: {' '.join(overrides)}")
 
     from pathlib import Path
 
@@ -53,7 +55,7 @@ def main(argv=None):
     if args.workdir:
         if not args.config:
             p.error("--workdir needs --config (the config the run was trained with)")
-        model, tokenizer = _from_workdir(args.config, Path(args.workdir), args.step)
+        model, tokenizer = _from_workdir(args.config, overrides, Path(args.workdir), args.step)
         cfg = model.cfg
     else:
         cfg, model = models.load(args.checkpoint)
