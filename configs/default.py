@@ -26,7 +26,7 @@ Hardware: 2 CPU cores. Expected time and results: see README "Results".
 
 import ml_collections
 
-from skilljax.config import apply_variant, parse_arg, skill0_variants
+from skilljax.config import apply_variant, parse_arg, reuse_section, skill0_variants
 
 VARIANTS = skill0_variants(6)  # six chores skill files: [6, 6, 6] and [3, 3, 3] budgets
 
@@ -71,6 +71,8 @@ def get_config(arg=None):
                     val_tasks_per_type=6)
 
     c.eval = dict(tasks=60, temperature=0.0, samples_per_task=1, seeds=1)
+    # ReuseRL's segmentation cost composes with the curriculum: --config.reuse.mode=segcost.
+    c.reuse = reuse_section("none")
     c.checkpoint = dict(every=10, keep=2)
     c.metrics = dict(tensorboard=True)
 

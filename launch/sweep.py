@@ -65,17 +65,23 @@ def command(config_path: str, base_arg: str | None, run: dict, workdir: Path,
 
 
 def summary_table(root: Path, names: list[str]) -> str:
-    lines = ["| run | without skills (initial → final) | with skills (initial → final) |",
-             "| --- | --- | --- |"]
+    """Initial → final held-out success without and with skills, and the final policy's behaviour
+    without skills (ReuseRL's signals: successful-episode length, rejected and repeated actions)."""
+    lines = ["| run | without skills (initial → final) | with skills (initial → final) | "
+             "successful-episode steps | rejected actions | repeated actions |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name in names:
         path = root / name / "summary.json"
         if not path.exists():
-            lines.append(f"| {name} | (not finished) | |")
+            lines.append(f"| {name} | (not finished) | | | | |")
             continue
         ev = json.loads(path.read_text())["eval"]
         cell = lambda mode: (f"{ev['initial'][mode]['success_rate']:.3f} → "
                              f"{ev['final'][mode]['success_rate']:.3f}")
-        lines.append(f"| {name} | {cell('without_skills')} | {cell('with_skills')} |")
+        final = ev["final"]["without_skills"]
+        extra = " | ".join(f"{final[k]:.3f}" if k in final else "–"
+                           for k in ("success_steps", "rejected_rate", "repeat_rate"))
+        lines.append(f"| {name} | {cell('without_skills')} | {cell('with_skills')} | {extra} |")
     return "\n".join(lines)
 
 

@@ -62,3 +62,101 @@ def apply_variant(config: ml_collections.ConfigDict, variants: dict, name: str) 
     for key, value in variants[name].items():
         section, leaf = key.split(".")
         config[section][leaf] = value
+
+
+def reuse_section(mode: str = "none") -> dict:
+    """A config's `reuse` section (ReuseRL, paper 003): the segmentation-cost reward term.
+
+    mode "none" still extracts and logs the dictionary (so vanilla GRPO runs report the same
+    signals); "length" is the pure round-length baseline −λ·|s|/T, "segcost" −λ·seg(s, C)/T.
+    λ = 10 with success reward 10 and a 256-sequence FIFO success buffer (app. E); the maximum
+    phrase length L is not stated in the paper: 4 here.
+    """
+    return dict(mode=mode, coef=10.0, max_phrase_len=4, buffer_size=256, use_buffer=True)
+
+
+# The paper's four arms (§4.4, §6.2): name → overrides of the `reuse` section.
+REUSE_VARIANTS: dict[str, dict[str, object]] = {
+    "grpo": {"reuse.mode": "none"},
+    "length": {"reuse.mode": "length"},
+    "segcost": {"reuse.mode": "segcost"},
+    "segcost_no_buffer": {"reuse.mode": "segcost", "reuse.use_buffer": False},
+}
+
+
+def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dict,
+                 cpu: dict) -> ml_collections.ConfigDict:
+    """The ReuseRL configs' shared body (configs/reuserl_*.py; paper 003 §4.3, app. E).
+
+    Paper settings: GRPO for 300 steps, terminal reward 10, λ = 10, invalid-action penalty 0.01,
+    a 256-sequence success buffer, step limit `horizon` (T). Not stated in the paper, so taken from
+    the verl-agent ALFWorld recipe it builds on (as SKILL0's released scripts use it): lr 1e-6,
+    G = 8 rollouts per task, 16 tasks per step, token-mean loss, no KL, entropy 0.001.
+    `arg.cpu`: the CPU-scale run instead — a tiny policy trained from scratch with a tokenizer on
+    the env's text and a supervised warm start on expert episodes, then the same arms; `cpu` holds
+    that env's task options and sizes. `arg.runlocal`: a two-minute smoke run.
+    """
+    if not (arg.checkpoint or arg.cpu or arg.runlocal):
+        raise ValueError(f"A ReuseRL config needs checkpoint=<HF directory of {model}> (weights "
+                         "are never downloaded), or cpu (the CPU-scale run), or runlocal.")
+    c = ml_collections.ConfigDict()
+    c.seed = arg.seed
+    c.mesh = ""
+    c.env = dict(name=env["name"], workers=16, timeout_s=300.0, kwargs={"max_steps": horizon},
+                 task_options=dict(env.get("task_options", {})), train_tasks=5000,
+                 test_split=env.get("test_split", "test"))
+    c.tokenizer = dict(path=arg.checkpoint, vocab_size=0, corpus_tasks=0)
+    c.model = dict(checkpoint=arg.checkpoint, dtype="bfloat16", overrides={})
+    c.prompt = dict(role=env["role"], history_length=env.get("history_length", 2),
+                    show_admissible=env.get("show_admissible", True), require_think=True,
+                    instruction=None, max_prompt_tokens=4096, format="think_action")
+    c.sft = dict(steps=0, batch_size=16, learning_rate=1e-5, warmup_steps=0, tasks=0,
+                 check_every=0, target_heldout_nll=0.0, with_skills=False, task_options={},
+                 without_skills_fraction=0.0, bare_task_options={}, cache_dir="")
+    c.rl = dict(steps=300, tasks_per_step=16, group_size=8, max_turns=horizon,
+                max_new_tokens=512, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6,
+                weight_decay=0.0, grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+                loss_agg="token-mean", entropy_coef=0.001, kl_coef=0.0, kl_kind="k3",
+                micro_batch_size=8, ppo_epochs=1, advantage="grpo", gigpo_gamma=0.95,
+                gigpo_mode="mean_norm", gigpo_step_weight=1.0, invalid_penalty=0.01,
+                drop_zero_advantage=False, batch_multiple=64)
+    # No in-context skills: ReuseRL's skills are the dictionary's phrases, not texts.
+    c.skills = dict(enabled=False, dir="", validate_every=10, num_stages=3, budgets=None,
+                    filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
+                    val_tasks_per_type=4)
+    c.eval = dict(tasks=env.get("eval_tasks", 256), samples_per_task=1, seeds=3, **eval_sampling)
+    c.reuse = reuse_section()
+    c.checkpoint = dict(every=20, keep=2)
+    c.metrics = dict(tensorboard=True)
+    c = ml_collections.ConfigDict(c)
+    apply_variant(c, REUSE_VARIANTS, arg.variant)
+
+    if arg.cpu or arg.runlocal:
+        c.env.update(workers=2, train_tasks=cpu["train_tasks"], task_options=cpu["task_options"])
+        c.tokenizer.update(vocab_size=1024, corpus_tasks=200)
+        c.model.update(checkpoint="tiny", dtype="float32",
+                       overrides=dict(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
+                                      num_kv_heads=4, head_dim=32))
+        c.prompt.update(role="", history_length=cpu.get("history_length", 0),
+                        show_admissible=False, require_think=False, instruction="",
+                        max_prompt_tokens=None)
+        c.sft.update(steps=cpu.get("sft_steps", 2000), batch_size=16, learning_rate=3e-3,
+                     warmup_steps=20, tasks=cpu.get("sft_tasks", 1500), check_every=250,
+                     task_options=cpu["task_options"])
+        c.rl.update(steps=cpu.get("rl_steps", 60), tasks_per_step=6, max_new_tokens=24,
+                    learning_rate=5e-4, micro_batch_size=None, entropy_coef=0.0,
+                    drop_zero_advantage=True)
+        c.eval.update(tasks=60, seeds=1, temperature=0.0, top_p=1.0, top_k=0)
+        c.checkpoint.every = 10
+    if arg.runlocal:
+        c.env.train_tasks = 12
+        c.tokenizer.update(vocab_size=512, corpus_tasks=12)
+        c.model.overrides = dict(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2,
+                                 num_kv_heads=2, head_dim=32)
+        c.sft.update(steps=6, tasks=12, check_every=3)
+        c.rl.update(steps=3, tasks_per_step=2, group_size=2, max_turns=min(horizon, 6),
+                    batch_multiple=16)
+        c.eval.tasks = 4
+        c.checkpoint.every = 2
+        c.metrics.tensorboard = False
+    return c

@@ -6,7 +6,9 @@ rebuilds the run's policy from DIR (its tokenizer and its latest or given checkp
 config's held-out test tasks with and without skills, prints the eval block as JSON and writes it to
 DIR/eval_<step>.json. `tokens_per_step` is the mean prompt length per env step in the policy's own
 tokens (the SKILL0 paper's context-cost metric). With k samples per task (temperature > 0), pass@k
-counts a task solved when any sample succeeds and SC@k when a strict majority does.
+counts a task solved when any sample succeeds and SC@k when a strict majority does. Also ReuseRL's
+behaviour signals: mean successful-episode length, rejected ("Nothing happens.") and repeated
+actions, over all episodes and over the successful ones.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from skilljax.envs.base import Task
 from skilljax.envs.pool import EnvPool
-from skilljax.rl.rollout import PROMPT_PARTS, RolloutConfig, rollout
+from skilljax.rl.rollout import PROMPT_PARTS, RolloutConfig, behaviour_stats, rollout
 from skilljax.sampling import Sampler
 from skilljax.tokenizer import Tokenizer
 
@@ -49,6 +51,7 @@ def _block(results, k: int) -> dict:
         f"sc@{k}": float(np.mean([sum(w) * 2 > len(w) for w in won_by_task.values()])),
         "episodes": len(all_wins),
         "mean_steps": steps / max(len(all_wins), 1),
+        **behaviour_stats([t for res in results for t in res.trajectories]),
     }
 
 

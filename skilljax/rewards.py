@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from skilljax.rl.rollout import RolloutResult, Trajectory
+from skilljax.skills import projection
+from skilljax.skills.segmentation import SegmentationCost
 
 TrajectoryTerm = Callable[[Trajectory], float]
 
@@ -20,6 +22,14 @@ TrajectoryTerm = Callable[[Trajectory], float]
 def task_reward(traj: Trajectory) -> float:
     """The env's reward summed over the episode (10 on success in every env here)."""
     return traj.total_reward
+
+
+def segmentation_term(cost: SegmentationCost, env_name: str) -> TrajectoryTerm:
+    """ReuseRL's term under `cost`'s current dictionary: −λ·seg(φ(τ), C)/T (SegCost) or −λ·|φ(τ)|/T
+    (pure round length) on successful trajectories, 0 otherwise (paper 003 §4.4, app. E)."""
+    def term(traj: Trajectory) -> float:
+        return cost.penalty(projection.project(env_name, traj.actions, traj.task), traj.won)
+    return term
 
 
 def trajectory_rewards(result: RolloutResult, terms: Sequence[TrajectoryTerm] = ()) -> np.ndarray:

@@ -42,7 +42,9 @@ from skilljax.rl.checkpoint import Checkpointer
 from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, collate, rollout
 from skilljax.sampling import Sampler, SamplingParams
 from skilljax.skills.bank import SkillBank
+from skilljax.skills import projection
 from skilljax.skills.curriculum import Curriculum, CurriculumConfig
+from skilljax.skills.segmentation import SegmentationConfig, SegmentationCost
 from skilljax.tokenizer import Tokenizer
 
 # ---------------------------------------------------------------------------- config files
@@ -118,7 +120,8 @@ def rollout_config(c, *, evaluation: bool) -> RolloutConfig:
         sampling=SamplingParams(
             max_new_tokens=c.rl.max_new_tokens,
             temperature=c.eval.temperature if evaluation else c.rl.temperature,
-            top_p=1.0 if evaluation else c.rl.top_p, top_k=0 if evaluation else c.rl.top_k),
+            top_p=c.eval.get("top_p", 1.0) if evaluation else c.rl.top_p,
+            top_k=c.eval.get("top_k", 0) if evaluation else c.rl.top_k),
         prompt=PromptConfig(role=c.prompt.role, history_length=c.prompt.history_length,
                             show_admissible=c.prompt.show_admissible,
                             max_prompt_tokens=c.prompt.max_prompt_tokens))
@@ -141,6 +144,31 @@ def curriculum_config(c) -> CurriculumConfig:
         budgets=tuple(k.budgets) if k.budgets is not None else None, filter=k.filter,
         rank=k.rank, fixed_full=k.fixed_full, keep_general=k.keep_general, strict=k.strict,
         seed=c.seed)
+
+
+def reuse_config(c) -> SegmentationConfig | None:
+    """`reuse` (ReuseRL, paper 003): None when the config has no such section. T is the episode
+    step limit of training rollouts; the alphabet is the env's projection's."""
+    r = c.get("reuse")
+    if r is None:
+        return None
+    projection.projection(c.env.name)  # a clear error when the env has no projection
+    return SegmentationConfig(
+        mode=r.mode, coef=r.coef, horizon=rollout_config(c, evaluation=False).max_turns,
+        max_phrase_len=r.max_phrase_len, buffer_size=r.buffer_size, use_buffer=r.use_buffer,
+        alphabet=projection.ALPHABETS[c.env.name])
+
+
+def reuse_step(reuse: SegmentationCost, env_name: str, res) -> tuple[list, dict]:
+    """ReuseRL's E-step on a batch (a dictionary from its successes' skill sequences and the
+    buffer), then the reward terms to score it with (none in mode "none") and `reuse_*` metrics."""
+    t0 = time.perf_counter()
+    m = reuse.update([projection.project(env_name, t.actions, t.task)
+                      for t in res.trajectories if t.won])
+    m = {f"reuse_{k}": v for k, v in m.items()}
+    m["reuse_extract_s"] = time.perf_counter() - t0
+    terms = [rewards.segmentation_term(reuse, env_name)] if reuse.config.mode != "none" else []
+    return terms, m
 
 
 def warmup_context(bank: SkillBank, task: envs_base.Task) -> str:
@@ -426,6 +454,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     learner = learner_lib.Learner(run.model, lcfg)
     curriculum = (Curriculum(run.bank, curriculum_config(c))
                   if c.skills.enabled and c.rl.steps > 0 else None)
+    reuse = SegmentationCost(reuse_config(c)) if c.get("reuse") is not None else None
     ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=c.checkpoint.keep)
     rng = jax.random.key(c.seed)
     host: dict[str, Any] = {"step": 0, "eval": {}, "warm_start": None, "wall_s": 0.0}
@@ -433,6 +462,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         step, _, host = ckpt.restore(run.model, learner.optimizer)
         if curriculum is not None and host.get("curriculum"):
             curriculum.load_state_dict(host["curriculum"])
+        if reuse is not None and host.get("reuse"):
+            reuse.load_state_dict(host["reuse"])
         print(f"resumed from step {step}", flush=True)
     metrics = (MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
                              tensorboard=c.metrics.tensorboard)
@@ -446,6 +477,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     def save(step):
         if curriculum is not None:
             host["curriculum"] = curriculum.state_dict()
+        if reuse is not None:
+            host["reuse"] = reuse.state_dict()
         host["step"] = step
         host["wall_s"] = host.get("wall_s_base", 0.0) + time.time() - t_start
         ckpt.save(step, run.model, learner.optimizer, rng=rng, host_state=host)
@@ -492,13 +525,15 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         res = rollout(run.sampler, run.tok, run.pool, tasks, rcfg, key,
                       seeds=[int(x) for x in task_rng.integers(0, 2**31, len(tasks))],
                       skill_context=contexts(), fmt=run.fmt)
-        scores = rewards.sample_scores(res, c.rl.invalid_penalty)
+        terms, m = reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
+        scores = rewards.sample_scores(res, c.rl.invalid_penalty, terms)
         adv = advantages(c, res, scores)
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
-        m: dict[str, Any] = dict(res.stats)
+        m.update(res.stats)
         m.update(rollout_s=time.time() - t0, trained_samples=len(keep),
                  reward_mean=float(rewards.trajectory_rewards(res).mean()),
+                 shaped_reward_mean=float(rewards.trajectory_rewards(res, terms).mean()),
                  active_skills=len(active), active_files=active,
                  budget=curriculum.budget(step) if curriculum is not None else 0)
         if keep:

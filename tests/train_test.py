@@ -28,10 +28,14 @@ def test_overrides_and_errors():
     assert train_lib.bare_task_options(one) == [{"source": "convention"}]  # a single generator
 
 
+REUSE = ("--config.reuse.mode=segcost",)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     wd = tmp_path_factory.mktemp("run")
-    run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", wd)
+    # With ReuseRL's segmentation cost on too: it composes with the curriculum.
+    run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", wd, *REUSE)
     return wd
 
 
@@ -48,6 +52,8 @@ def test_runlocal_writes_everything(workdir):
     rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert "deltas" in rows[1] and "val_with_skills" in rows[3]
+    assert all("reuse_dict_size" in r and "shaped_reward_mean" in r for r in rows)
+    assert summary["config"]["reuse"]["mode"] == "segcost"
     assert [u["step"] for u in summary["curriculum"]] == [2, 4]
     assert summary["warm_start"]["samples"] > 0
     for png in ("success.png", "deltas.png", "skills.png", "tokens.png", "eval.png"):
@@ -57,7 +63,8 @@ def test_runlocal_writes_everything(workdir):
 
 def test_rerun_resumes_and_finishes(workdir):
     before = (workdir / "summary.json").read_text()
-    proc = run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", workdir)
+    proc = run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", workdir,
+                      *REUSE)
     assert "resumed from step 4" in proc.stdout and "warm start" not in proc.stdout
     assert json.loads((workdir / "summary.json").read_text())["eval"] == json.loads(before)["eval"]
 
@@ -154,3 +161,65 @@ def test_sweep_lists_the_ablations():
     assert len(out) == 14 and all("skilljax.train" in line for line in out)
     assert any("variant=no_skills,seed=1" in line for line in out)
     assert all("--config.sft.cache_dir=/tmp/x/warm_start_cache" in line for line in out)
+
+
+def test_reuse_step_on_expert_episodes():
+    """ReuseRL wiring on real trajectories: chores experts → φ → dictionary → SegCost scores."""
+    import jax
+    import numpy as np
+
+    from skilljax import rewards
+    from skilljax.envs.chores import Chores
+    from skilljax.envs.pool import EnvPool
+    from skilljax.rl.rollout import RolloutConfig, rollout
+    from skilljax.skills.segmentation import SegmentationConfig, SegmentationCost
+    from skilljax.tokenizer import Tokenizer
+
+    tok = Tokenizer.train(["take use put go to"], vocab_size=300)
+    with EnvPool("chores", num_workers=1) as pool:
+        res = rollout(None, tok, pool, Chores.make_tasks("train", 8, seed=4),
+                      RolloutConfig(group_size=2, max_turns=10), jax.random.key(0), expert=True)
+    assert all(t.won for t in res.trajectories)
+    cost = SegmentationCost(SegmentationConfig(mode="segcost", horizon=10, max_phrase_len=3,
+                                               alphabet=("explore", "open", "take", "process",
+                                                         "put")))
+    terms, m = train_lib.reuse_step(cost, "chores", res)
+    assert m["reuse_corpus"] == m["reuse_buffer"] == 16 and m["reuse_dict_size"] > 0
+    assert 0 < m["reuse_seg_ratio"] < 1 and m["reuse_top_phrases"]
+    plain = rewards.trajectory_rewards(res)
+    shaped = rewards.trajectory_rewards(res, terms)
+    assert np.all(shaped < plain) and np.all(shaped > plain - 10)
+    # The pure round-length arm charges every step: never less than the segmentation cost.
+    length = SegmentationCost(SegmentationConfig(mode="length", horizon=10))
+    assert np.all(rewards.trajectory_rewards(res, train_lib.reuse_step(length, "chores", res)[0])
+                  <= shaped)
+    assert train_lib.reuse_step(SegmentationCost(SegmentationConfig(mode="none")), "chores",
+                                res)[0] == []
+
+
+@pytest.mark.parametrize("name", ["countdown", "textworld_cooking", "alfworld"])
+def test_reuserl_configs_runlocal(name, tmp_path):
+    """Each ReuseRL config's runlocal variant end to end; the paper settings load."""
+    if name == "alfworld":
+        pytest.importorskip("alfworld")
+    if name == "textworld_cooking":
+        pytest.importorskip("textworld")
+    cfg = str(ROOT / f"configs/reuserl_{name}.py")
+    run_module("skilljax.train", "--config", cfg + ":runlocal", "--workdir", tmp_path)
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all("reuse_dict_size" in r and "repeat_rate" in r for r in rows)
+    full = train_lib.load_config(cfg + ":checkpoint=/models/x")
+    assert (full.rl.steps, full.reuse.coef, full.reuse.buffer_size, full.rl.invalid_penalty) == \
+        (300, 10.0, 256, 0.01)
+    assert train_lib.reuse_config(full).horizon == {"countdown": 30, "textworld_cooking": 40,
+                                                    "alfworld": 50}[name]
+    runs = []
+    module = __import__("importlib").util
+    spec = module.spec_from_file_location("cfg", cfg)
+    mod = module.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.sweep(lambda **kw: runs.append(kw["arg"]))
+    assert {r.split(",")[0] for r in runs} == {"variant=grpo", "variant=length", "variant=segcost",
+                                               "variant=segcost_no_buffer"} and len(runs) == 8
+    with pytest.raises(ValueError, match="checkpoint="):
+        train_lib.load_config(cfg)

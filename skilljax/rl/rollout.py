@@ -165,6 +165,7 @@ class Trajectory:
     actions: list[str] = dataclasses.field(default_factory=list)
     rewards: list[float] = dataclasses.field(default_factory=list)
     valid: list[bool] = dataclasses.field(default_factory=list)
+    env_valid: list[bool] = dataclasses.field(default_factory=list)  # the env applied the action
     samples: list[int] = dataclasses.field(default_factory=list)  # indices into .samples
     won: bool = False
     done: bool = False
@@ -257,6 +258,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             t.actions.append(actions[i])
             t.rewards.append(r.reward)
             t.valid.append(s.valid)
+            t.env_valid.append(env_applied(r))
             history[i].append((obs[i], actions[i]))
             obs[i], admissible[i] = r.observation, r.info.get("admissible_actions")
             state[i] = r.info.get("state", r.observation)
@@ -271,8 +273,33 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         success_rate=float(np.mean([t.won for t in trajs])) if trajs else 0.0,
         invalid_rate=sum(not s.valid for s in samples) / n,
         failures=sum(t.failure is not None for t in trajs),
+        **behaviour_stats(trajs),
         **{f"tokens_{k}": sum(s.counts[k] for s in samples) / n for k in PROMPT_PARTS + ("response",)})
     return RolloutResult(samples, trajs, stats)
+
+
+def env_applied(r) -> bool:
+    """Whether the env applied an action: its `info["valid"]` where it reports one, else not
+    ALFWorld's "Nothing happens." reply (which chores shares)."""
+    if "valid" in r.info:
+        return bool(r.info["valid"])
+    return not r.observation.lstrip().startswith("Nothing happens")
+
+
+def behaviour_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """ReuseRL's behaviour signals (paper 003, Table 2): actions the env rejected ("Nothing
+    happens."), actions repeated within their episode, and successful-episode length — over all
+    episodes and over the successful ones."""
+    def rates(ts):
+        steps = sum(t.steps for t in ts)
+        rejected = sum(not v for t in ts for v in t.env_valid)
+        repeated = sum(sum(a in t.actions[:k] for k, a in enumerate(t.actions)) for t in ts)
+        return (rejected / steps, repeated / steps) if steps else (0.0, 0.0)
+    won = [t for t in trajs if t.won]
+    out = dict(zip(("rejected_rate", "repeat_rate"), rates(trajs)))
+    out.update(zip(("rejected_rate_won", "repeat_rate_won"), rates(won)))
+    out["success_steps"] = float(np.mean([t.steps for t in won])) if won else 0.0
+    return out
 
 
 def _expert_output(tok: Tokenizer, fmt, pool: EnvPool, live: list[int]) -> SampleOutput:

@@ -7,7 +7,7 @@ from skilljax.envs.chores import Chores
 from skilljax.envs.pool import EnvPool
 from skilljax.rl import learner
 from skilljax.rl.rollout import (PROMPT_PARTS, PromptConfig, RolloutConfig, ThinkAction,
-                                 build_prompt, collate, rollout)
+                                 Trajectory, build_prompt, collate, rollout)
 from skilljax.sampling import Sampler, SampleOutput, SamplingParams
 from skilljax.tokenizer import Tokenizer
 from skilljax.tools.bench_rollout import env_texts
@@ -170,6 +170,19 @@ def test_expert_rollout_wins_and_rewards_recorded(tok, pool):
                   jax.random.key(0), expert=True)
     assert all(t.won and t.total_reward == 10.0 for t in res.trajectories)
     assert res.stats["success_rate"] == 1.0 and res.stats["invalid_rate"] == 0.0
+    assert res.stats["rejected_rate"] == 0.0 and all(all(t.env_valid) for t in res.trajectories)
     assert all(t.rewards[-1] == 10.0 and sum(t.rewards[:-1]) == 0 for t in res.trajectories)
     s = res.samples[0]
     assert tok.decode(s.response_ids) == f"<think></think><action>{s.action}</action><|im_end|>"
+
+
+def test_behaviour_stats_count_rejected_and_repeated_actions():
+    from skilljax.rl.rollout import behaviour_stats
+    task = Chores.make_tasks("test", 1, seed=0)[0]
+    won = Trajectory(task, 0, 0, actions=["take egg", "take egg", "use heater", "put egg in desk"],
+                     env_valid=[True, False, True, True], won=True)
+    lost = Trajectory(task, 0, 0, actions=["go to garage", "go to garage"], env_valid=[True, True])
+    stats = behaviour_stats([won, lost])
+    assert stats["rejected_rate"] == 1 / 6 and stats["repeat_rate"] == 2 / 6
+    assert stats["rejected_rate_won"] == 1 / 4 and stats["repeat_rate_won"] == 1 / 4
+    assert stats["success_steps"] == 4.0
