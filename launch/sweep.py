@@ -9,6 +9,9 @@ prints one `python -m skilljax.train ...` command per run (to hand to a cluster 
 Runs share warm starts through WORKDIR/warm_start_cache (`sft.cache_dir`): the arms of one seed
 differ only after the warm start, so it is trained once per seed.
 `--summary` prints a table of the finished runs' final evaluation (without / with skills success).
+`--results DIR` keeps each finished run's evaluation (a small JSON per run, without the model) in
+DIR: a run found there counts as finished, and `--summary` reads it, so results gathered over
+several sessions or machines (and committed, e.g. results/<sweep>/) make one table.
 """
 
 from __future__ import annotations
@@ -64,18 +67,39 @@ def command(config_path: str, base_arg: str | None, run: dict, workdir: Path,
     return cmd
 
 
-def summary_table(root: Path, names: list[str]) -> str:
+def result_record(summary: dict) -> dict:
+    """What a sweep table needs from a run's summary.json (its evaluation, curriculum, cost)."""
+    return {k: summary[k] for k in ("steps", "wall_s", "warm_start", "eval", "curriculum")
+            if k in summary}
+
+
+def load_result(root: Path, results: Path | None, name: str) -> dict | None:
+    for path in ([results / f"{name}.json"] if results else []) + [root / name / "summary.json"]:
+        if path.exists():
+            return json.loads(path.read_text())
+    return None
+
+
+def save_result(root: Path, results: Path, name: str) -> None:
+    summary = json.loads((root / name / "summary.json").read_text())
+    results.mkdir(parents=True, exist_ok=True)
+    tmp = results / f"{name}.json.tmp"
+    tmp.write_text(json.dumps(result_record(summary), indent=1) + "\n")
+    tmp.replace(results / f"{name}.json")
+
+
+def summary_table(root: Path, names: list[str], results: Path | None = None) -> str:
     """Initial → final held-out success without and with skills, and the final policy's behaviour
     without skills (ReuseRL's signals: successful-episode length, rejected and repeated actions)."""
     lines = ["| run | without skills (initial → final) | with skills (initial → final) | "
              "successful-episode steps | rejected actions | repeated actions |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name in names:
-        path = root / name / "summary.json"
-        if not path.exists():
+        record = load_result(root, results, name)
+        if record is None:
             lines.append(f"| {name} | (not finished) | | | | |")
             continue
-        ev = json.loads(path.read_text())["eval"]
+        ev = record["eval"]
         cell = lambda mode: (f"{ev['initial'][mode]['success_rate']:.3f} → "
                              f"{ev['final'][mode]['success_rate']:.3f}")
         final = ev["final"]["without_skills"]
@@ -92,15 +116,18 @@ def main(argv=None) -> None:
     p.add_argument("--workdir", required=True)
     p.add_argument("--print", action="store_true", help="print the commands, run nothing")
     p.add_argument("--summary", action="store_true", help="print the results table, run nothing")
+    p.add_argument("--results", default=None,
+                   help="folder of per-run result JSONs: finished runs are kept there and skipped")
     p.add_argument("--no-shared-warm-start", action="store_true",
                    help="give every run its own warm start (by default runs whose warm-start "
                         "inputs are equal, e.g. ablation arms of one seed, share one)")
     args = p.parse_args(argv)
     root = Path(args.workdir)
+    results = Path(args.results) if args.results else None
     runs = runs_of(args.config, args.arg)
     names = [run_name(r) for r in runs]
     if args.summary:
-        print(summary_table(root, names))
+        print(summary_table(root, names, results))
         return
     module = _module(args.config)
     for run, name in zip(runs, names):
@@ -110,13 +137,18 @@ def main(argv=None) -> None:
         if args.print:
             print(shlex.join(cmd))
             continue
-        if (root / name / "summary.json").exists():
-            print(f"[sweep] {name}: finished, skipped", flush=True)
+        if results is not None and (results / f"{name}.json").exists():
+            print(f"[sweep] {name}: in {results}, skipped", flush=True)
             continue
-        print(f"[sweep] {name}: {shlex.join(cmd)}", flush=True)
-        subprocess.run(cmd, check=True)
+        if not (root / name / "summary.json").exists():
+            print(f"[sweep] {name}: {shlex.join(cmd)}", flush=True)
+            subprocess.run(cmd, check=True)
+        else:
+            print(f"[sweep] {name}: finished, skipped", flush=True)
+        if results is not None:
+            save_result(root, results, name)
     if not args.print:
-        print(summary_table(root, names))
+        print(summary_table(root, names, results))
 
 
 if __name__ == "__main__":

@@ -223,3 +223,28 @@ def test_reuserl_configs_runlocal(name, tmp_path):
                                                "variant=segcost_no_buffer"} and len(runs) == 8
     with pytest.raises(ValueError, match="checkpoint="):
         train_lib.load_config(cfg)
+
+
+def test_sweep_results_folder_collects_finished_runs(tmp_path):
+    """`--results`: finished runs' evaluations land in one folder, are skipped on re-runs and feed
+    the table even when their workdirs are gone."""
+    sys.path.insert(0, str(ROOT / "launch"))
+    try:
+        import sweep
+    finally:
+        sys.path.pop(0)
+    names = [sweep.run_name(r) for r in sweep.runs_of(CONFIG, "runlocal")]
+    block = lambda s: {"success_rate": s, "per_task": {}}
+    summary = {"config": {"big": "x" * 1000}, "steps": 4, "wall_s": 9.0, "curriculum": [],
+               "eval": {p: {"with_skills": block(0.5), "without_skills": block(s)}
+                        for p, s in (("initial", 0.25), ("final", 0.75))}}
+    (tmp_path / "runs" / names[0]).mkdir(parents=True)
+    (tmp_path / "runs" / names[0] / "summary.json").write_text(json.dumps(summary))
+    sweep.save_result(tmp_path / "runs", tmp_path / "results", names[0])
+    record = json.loads((tmp_path / "results" / f"{names[0]}.json").read_text())
+    assert "config" not in record and record["eval"] == summary["eval"]
+    import shutil
+    shutil.rmtree(tmp_path / "runs")
+    table = sweep.summary_table(tmp_path / "runs", names, tmp_path / "results")
+    assert f"| {names[0]} | 0.250 → 0.750 | 0.500 → 0.500 |" in table
+    assert table.count("(not finished)") == len(names) - 1
