@@ -197,7 +197,10 @@ def test_reuse_step_on_expert_episodes():
                                 res)[0] == []
 
 
-@pytest.mark.parametrize("name", ["countdown", "textworld_cooking", "alfworld"])
+@pytest.mark.parametrize("name", ["countdown",
+                                  # ~70 s each (game generation, alfworld's engine): slow suite.
+                                  pytest.param("textworld_cooking", marks=pytest.mark.slow),
+                                  pytest.param("alfworld", marks=pytest.mark.slow)])
 def test_reuserl_configs_runlocal(name, tmp_path):
     """Each ReuseRL config's runlocal variant end to end; the paper settings load."""
     if name == "alfworld":

@@ -44,6 +44,7 @@ class LearnerConfig:
     micro_batch_size: int | None = None  # None: no gradient accumulation
     ppo_epochs: int = 1
     temperature: float = 1.0  # logprobs of logits / temperature, as the sampler's policy
+    response_window: bool = True  # vocabulary projection only over the responses (same result)
 
 
 class Batch(NamedTuple):
@@ -55,18 +56,57 @@ class Batch(NamedTuple):
     ref_logp_BT: jax.Array | None = None
 
 
-def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float = 1.0):
-    """log π(tokens[t] | tokens[<t]) aligned with `tokens_BT` (position 0 gets 0), and entropy."""
-    logits_BTV = qwen.sequence_logits(model, tokens_BT, attn_mask_BT) / temperature
-    logp_BTV = jax.nn.log_softmax(logits_BTV[:, :-1], axis=-1)
-    logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
-    entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
-    pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
-    return pad(logp_BT), pad(entropy_BT)
+def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float = 1.0,
+                   loss_mask_BT=None, window: int | None = None):
+    """log π(tokens[t] | tokens[<t]) aligned with `tokens_BT` (position 0 gets 0), and entropy.
+
+    With `window` (static, from `response_window`) and `loss_mask_BT`, the vocabulary projection,
+    log-softmax and entropy run only over each row's `window` positions from its first response
+    token; elsewhere both outputs are 0. Step prompts are long and responses short, so this skips
+    most of the [B, T, V] work; values at response tokens are those of the full computation.
+    """
+    if window is None:
+        logits_BTV = qwen.sequence_logits(model, tokens_BT, attn_mask_BT) / temperature
+        logp_BTV = jax.nn.log_softmax(logits_BTV[:, :-1], axis=-1)
+        logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
+        entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
+        pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
+        return pad(logp_BT), pad(entropy_BT)
+    b, t = tokens_BT.shape
+    h_BTD, _ = model.hidden(tokens_BT, qwen.positions_from_mask(attn_mask_BT),
+                            qwen.causal_mask(attn_mask_BT))
+    start_B = jnp.maximum(jnp.argmax(loss_mask_BT > 0, axis=1), 1)  # first response token
+    idx_BR = start_B[:, None] + jnp.arange(window)[None]  # the tokens scored
+    h_BRD = jnp.take_along_axis(h_BTD, jnp.clip(idx_BR - 1, 0, t - 1)[..., None], axis=1)
+    logp_BRV = jax.nn.log_softmax(model.logits(h_BRD) / temperature, axis=-1)
+    tok_BR = jnp.take_along_axis(tokens_BT, jnp.clip(idx_BR, 0, t - 1), axis=1)
+    logp_BR = jnp.take_along_axis(logp_BRV, tok_BR[..., None], axis=-1)[..., 0]
+    entropy_BR = -jnp.sum(jnp.exp(logp_BRV) * logp_BRV, axis=-1)
+    rows_B1 = jnp.arange(b)[:, None]
+    scatter = lambda x_BR: jnp.zeros((b, t), x_BR.dtype).at[rows_B1, idx_BR].set(x_BR, mode="drop")
+    return scatter(logp_BR), scatter(entropy_BR)
 
 
-def _loss_terms(model, batch: Batch, cfg: LearnerConfig):
-    logp_BT, entropy_BT = token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT, cfg.temperature)
+def response_window(loss_mask_BT) -> int | None:
+    """A static window length (a power of two ≥ 16) covering every row's response, for
+    `token_logprobs`; None when a row's response is not one contiguous run of the loss mask or
+    the window would not be shorter than the sequence (then logits are computed everywhere)."""
+    m = np.asarray(loss_mask_BT) > 0
+    counts = m.sum(axis=1)
+    if not counts.any():
+        return None
+    first = m.argmax(axis=1)
+    last = m.shape[1] - 1 - m[:, ::-1].argmax(axis=1)
+    rows = counts > 0
+    if np.any((last - first + 1)[rows] != counts[rows]):
+        return None
+    window = bucket_length(int(counts.max()))
+    return window if window < m.shape[1] else None
+
+
+def _loss_terms(model, batch: Batch, cfg: LearnerConfig, window: int | None = None):
+    logp_BT, entropy_BT = token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT, cfg.temperature,
+                                         batch.loss_mask_BT, window)
     num, den, sums = losses.policy_loss_terms(
         logp_BT, batch.old_logp_BT, batch.advantages_B, batch.loss_mask_BT, cfg.clip_low,
         cfg.clip_high, cfg.dual_clip, cfg.loss_agg)
@@ -91,8 +131,11 @@ def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
                        optax.adamw(cfg.learning_rate, cfg.b1, cfg.b2, weight_decay=cfg.weight_decay))
 
 
-def accumulate_grads(model: qwen.Qwen, batch: Batch, cfg: LearnerConfig):
-    """(metrics, grads) of one mini-batch, summed over micro-batches and divided once."""
+def accumulate_grads(model: qwen.Qwen, batch: Batch, cfg: LearnerConfig,
+                     window: int | None = None):
+    """(metrics, grads) of one mini-batch, summed over micro-batches and divided once.
+
+    `window`: see `token_logprobs` (the same result, less work)."""
     b = batch.tokens_BT.shape[0]
     micro = cfg.micro_batch_size or b
     if b % micro:
@@ -102,7 +145,7 @@ def accumulate_grads(model: qwen.Qwen, batch: Batch, cfg: LearnerConfig):
 
     def grads_of(mb):
         def f(p):
-            num, den, sums = _loss_terms(nnx.merge(graphdef, p, other), mb, cfg)
+            num, den, sums = _loss_terms(nnx.merge(graphdef, p, other), mb, cfg, window)
             return num, (den, sums)
         (num, (den, sums)), grads = jax.value_and_grad(f, has_aux=True)(params)
         return num, den, sums, grads
@@ -121,10 +164,10 @@ def accumulate_grads(model: qwen.Qwen, batch: Batch, cfg: LearnerConfig):
     return metrics, grads
 
 
-@nnx.jit(static_argnums=(3,), donate_argnums=(0, 1))
+@nnx.jit(static_argnums=(3, 4), donate_argnums=(0, 1))
 def _mini_batch_step(model: qwen.Qwen, optimizer: nnx.Optimizer, batch: Batch,
-                     cfg: LearnerConfig):
-    metrics, grads = accumulate_grads(model, batch, cfg)
+                     cfg: LearnerConfig, window: int | None):
+    metrics, grads = accumulate_grads(model, batch, cfg, window)
     optimizer.update(model, grads)
     return metrics
 
@@ -176,6 +219,8 @@ class Learner:
             batch = batch._replace(ref_logp_BT=self.reference_logprobs(batch))
         if batch.ref_logp_BT is None:
             batch = batch._replace(ref_logp_BT=jnp.zeros_like(batch.old_logp_BT))
+        window = (response_window(to_host(batch.loss_mask_BT)) if self.cfg.response_window
+                  else None)
         out = []
         for epoch in range(self.cfg.ppo_epochs):
             order = jnp.arange(b) if rng is None else jax.random.permutation(
@@ -185,7 +230,7 @@ class Learner:
                 mb = jax.tree.map(lambda x: x[i * mini:(i + 1) * mini], shuffled)
                 t0 = time.perf_counter()
                 metrics = {k: float(v) for k, v in
-                           _mini_batch_step(self.model, self.optimizer, mb, self.cfg).items()}
+                           _mini_batch_step(self.model, self.optimizer, mb, self.cfg, window).items()}
                 step_s = time.perf_counter() - t0
                 adv = to_host(mb.advantages_B)
                 metrics.update(step_s=step_s,

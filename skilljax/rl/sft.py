@@ -19,7 +19,7 @@ from flax import nnx
 
 from skilljax import sharding as shd
 from skilljax.models import qwen
-from skilljax.rl.learner import token_logprobs
+from skilljax.rl.learner import response_window, token_logprobs
 from skilljax.rl.rollout import StepSample, collate
 
 
@@ -41,21 +41,24 @@ def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
                        optax.adamw(schedule, weight_decay=cfg.weight_decay))
 
 
-def response_nll(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT):
-    """Mean negative log-likelihood per response token."""
-    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT)
+def response_nll(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT,
+                 window: int | None = None):
+    """Mean negative log-likelihood per response token (`window`: see `token_logprobs`)."""
+    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT, 1.0, loss_mask_BT, window)
     n = jnp.maximum(loss_mask_BT.sum(), 1.0)
     return -(logp_BT * loss_mask_BT).sum() / n
 
 
-@nnx.jit(donate_argnums=(0, 1))
-def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, attn_mask_BT):
-    loss, grads = nnx.value_and_grad(response_nll)(model, tokens_BT, loss_mask_BT, attn_mask_BT)
+@nnx.jit(donate_argnums=(0, 1), static_argnums=(5,))
+def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, attn_mask_BT,
+          window: int | None):
+    loss, grads = nnx.value_and_grad(response_nll)(model, tokens_BT, loss_mask_BT, attn_mask_BT,
+                                                    window)
     optimizer.update(model, grads)
     return loss, optax.global_norm(grads)
 
 
-_eval_nll = nnx.jit(response_nll)
+_eval_nll = nnx.jit(response_nll, static_argnums=(4,))
 
 
 def _batch(samples: Sequence[StepSample], pad_id: int, multiple: int = 32):
@@ -94,9 +97,10 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
             order = [i for b in batches for i in b]
         idx, order = order[:bs], order[bs:]
         t0 = time.perf_counter()
-        batch = (shd.put_replicated(a, model.layout)
-                 for a in _batch([samples[i] for i in idx], pad_id))
-        loss, gnorm = _step(model, optimizer, *batch)
+        arrays = _batch([samples[i] for i in idx], pad_id)
+        window = response_window(arrays[1])
+        loss, gnorm = _step(model, optimizer, *(shd.put_replicated(a, model.layout) for a in arrays),
+                            window)
         metrics = dict(step=step + 1, loss=float(loss), grad_norm=float(gnorm),
                        step_s=time.perf_counter() - t0)
         history.append(metrics)
@@ -115,8 +119,9 @@ def evaluate_nll(model: qwen.Qwen, samples: Sequence[StepSample], pad_id: int,
     total, count = 0.0, 0
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
-        tokens, mask, attn = (shd.put_replicated(a, model.layout) for a in _batch(chunk, pad_id))
+        arrays = _batch(chunk, pad_id)
+        tokens, mask, attn = (shd.put_replicated(a, model.layout) for a in arrays)
         n = float(mask.sum())
-        total += float(_eval_nll(model, tokens, mask, attn)) * n
+        total += float(_eval_nll(model, tokens, mask, attn, response_window(arrays[1]))) * n
         count += n
     return total / max(count, 1.0)

@@ -8,7 +8,8 @@ from flax import nnx
 
 from skilljax import models
 from skilljax.rl import losses
-from skilljax.rl.learner import Batch, Learner, LearnerConfig, accumulate_grads, token_logprobs
+from skilljax.rl.learner import (Batch, Learner, LearnerConfig, accumulate_grads, response_window,
+                                 token_logprobs)
 from skilljax.sampling import Sampler, SamplingParams
 
 
@@ -146,3 +147,51 @@ def test_update_reports_the_issue_metrics():
         assert {"loss", "clip_frac", "approx_kl", "entropy", "grad_norm", "adv_mean", "adv_std",
                 "tokens_per_s", "step_s"} <= set(m)
         assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
+
+
+def prompt_response_batch(b=6, t=64, seed=0):
+    """Step samples as the rollout makes them: prompts of different lengths, then a response of
+    1–12 tokens, then right padding."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 512, (b, t))
+    attn, loss = np.zeros((b, t), np.int32), np.zeros((b, t), np.int32)
+    for i in range(b):
+        p, r = rng.integers(8, 40), rng.integers(1, 13)
+        attn[i, :p + r] = 1
+        loss[i, p:p + r] = 1
+    loss[-1] = 0  # a padding row (pad_rows adds such rows)
+    attn[-1, :5] = 1
+    return Batch(jnp.asarray(tokens), jnp.asarray(loss), jnp.asarray(attn),
+                 jnp.asarray(rng.normal(-6.3, 0.2, (b, t)), jnp.float32),
+                 jnp.asarray(rng.normal(size=b), jnp.float32))
+
+
+def test_response_window():
+    batch = prompt_response_batch()
+    assert response_window(batch.loss_mask_BT) == 16  # longest response 12 → 16
+    gap = np.asarray(batch.loss_mask_BT).copy()
+    gap[0, :3] = 1  # a second run in one row: no window
+    assert response_window(gap) is None
+    assert response_window(np.zeros((2, 8))) is None
+    assert response_window(np.ones((2, 16))) is None  # no shorter than the sequence
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
+def test_response_window_equals_full_computation(agg):
+    """Logits only over the responses: the same logprobs, entropies, loss and gradients."""
+    batch = prompt_response_batch()
+    window = response_window(batch.loss_mask_BT)
+    _, model = models.load("tiny", num_layers=1, seed=0)
+    full = token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT, 0.7)
+    win = token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT, 0.7, batch.loss_mask_BT, window)
+    mask = np.asarray(batch.loss_mask_BT) > 0
+    for a, b in zip(full, win):
+        np.testing.assert_allclose(np.asarray(b)[mask], np.asarray(a)[mask], atol=1e-5)
+    step = nnx.jit(accumulate_grads, static_argnums=(2, 3))
+    cfg = LearnerConfig(loss_agg=agg, entropy_coef=0.01, temperature=0.7)
+    (m_full, g_full), (m_win, g_win) = (step(model, batch, cfg, w) for w in (None, window))
+    assert float(m_win["loss"]) == pytest.approx(float(m_full["loss"]), rel=1e-5)
+    assert float(m_win["entropy"]) == pytest.approx(float(m_full["entropy"]), rel=1e-5)
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_full))
+    for a, b in zip(jax.tree.leaves(g_win), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(a, b, atol=1e-5 * scale)

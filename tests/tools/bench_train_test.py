@@ -9,9 +9,11 @@ from tests.conftest import run_module
 
 def test_bench_train_runs():
     proc = run_module("skilljax.tools.bench_train", "--configs", "tiny", "--batch", 4,
-                      "--seq-len", 16, "--micro-batch", 2, "--repeats", 1)
+                      "--seq-len", 64, "--response-len", 8, "--micro-batch", 2, "--repeats", 1)
     row = json.loads(proc.stdout.strip().splitlines()[-1])["configs"]["tiny"]
-    assert row["tokens_per_s"] > 0 and 0 < row["peak_fraction"] < 1
+    for mode in ("full", "window"):
+        assert row[mode]["tokens_per_s"] > 0 and 0 < row[mode]["peak_fraction"] < 1
+    assert row["window_speedup"] > 0
 
 
 def test_flops_count_by_hand():
