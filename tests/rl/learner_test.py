@@ -115,9 +115,12 @@ def test_reference_policy_and_kl():
         init_model, batch.tokens_BT, batch.attn_mask_BT)[0]), atol=1e-6)
 
 
-def test_update_on_a_mesh_matches_one_device():
+@pytest.mark.parametrize("windowed", [False, True])
+def test_update_on_a_mesh_matches_one_device(windowed):
     from skilljax import sharding
-    batch = random_batch(b=8)
+    batch = prompt_response_batch(b=8) if windowed else random_batch(b=8)
+    window = response_window(batch.loss_mask_BT)
+    assert (window is not None) == windowed
     cfg = LearnerConfig(learning_rate=1e-3, micro_batch_size=4)
     results = []
     for mesh in (None, sharding.make_mesh("data=2,fsdp=2,tensor=2")):
@@ -125,7 +128,7 @@ def test_update_on_a_mesh_matches_one_device():
         b = batch if mesh is None else jax.tree.map(
             lambda x: jax.device_put(x, sharding.Layout(mesh, "fsdp_tp").sharding(
                 x.shape, ("batch",) + ("seq",) * (x.ndim - 1))), batch)
-        metrics, grads = nnx.jit(accumulate_grads, static_argnums=2)(model, b, cfg)
+        metrics, grads = nnx.jit(accumulate_grads, static_argnums=(2, 3))(model, b, cfg, window)
         results.append((float(metrics["loss"]), jax.tree.leaves(grads)))
         Learner(model, cfg).update(b)  # the full step runs and keeps the layout
         if mesh is not None:
