@@ -454,7 +454,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     learner = learner_lib.Learner(run.model, lcfg)
     curriculum = (Curriculum(run.bank, curriculum_config(c))
                   if c.skills.enabled and c.rl.steps > 0 else None)
-    reuse = SegmentationCost(reuse_config(c)) if c.get("reuse") is not None else None
+    seg_cfg = reuse_config(c)
+    reuse = SegmentationCost(seg_cfg) if seg_cfg is not None else None
     ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=c.checkpoint.keep)
     rng = jax.random.key(c.seed)
     host: dict[str, Any] = {"step": 0, "eval": {}, "warm_start": None, "wall_s": 0.0}
