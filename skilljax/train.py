@@ -459,6 +459,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=c.checkpoint.keep)
     rng = jax.random.key(c.seed)
     host: dict[str, Any] = {"step": 0, "eval": {}, "warm_start": None, "wall_s": 0.0}
+    timing: dict[str, float] = {}  # seconds per phase of this run (resumed runs add theirs)
+
+    def timed(phase: str, t0: float) -> None:
+        timing[phase] = timing.get(phase, 0.0) + time.time() - t0
     if ckpt.steps():
         step, _, host = ckpt.restore(run.model, learner.optimizer)
         if curriculum is not None and host.get("curriculum"):
@@ -466,6 +470,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         if reuse is not None and host.get("reuse"):
             reuse.load_state_dict(host["reuse"])
         print(f"resumed from step {step}", flush=True)
+    timing.update(host.get("timing", {}))
+    timed("build", t_start)
     metrics = (MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
                              tensorboard=c.metrics.tensorboard)
                if distributed.is_main() else _NoMetrics())
@@ -482,12 +488,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             host["reuse"] = reuse.state_dict()
         host["step"] = step
         host["wall_s"] = host.get("wall_s_base", 0.0) + time.time() - t_start
+        host["timing"] = dict(timing)
         ckpt.save(step, run.model, learner.optimizer, rng=rng, host_state=host)
 
     host["wall_s_base"] = host.get("wall_s", 0.0)
 
     # ------------------------------------------------------------------ warm start
     if host["warm_start"] is None and c.sft.steps > 0:
+        t0 = time.time()
         entry = warm_start_cache(c)
         if (entry is not None and (entry / "warm_start.json").exists()
                 and (entry / "tokenizer" / "tokenizer.json").read_bytes()
@@ -503,13 +511,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             if entry is not None:
                 _store_warm_start(entry, run, host["warm_start"])
         print(f"warm start: {host['warm_start']}", flush=True)
+        timed("warm_start", t0)
         save(0)
 
     # ------------------------------------------------------------------ initial evaluation
     full = run.bank.contexts() if c.skills.enabled else {}
     if "initial" not in host["eval"]:
+        t0 = time.time()
         host["eval"]["initial"] = _evaluate(run, full, jax.random.fold_in(rng, 10**6))
         _print_eval("initial", host["eval"]["initial"])
+        timed("eval", t0)
         save(0)
 
     # ------------------------------------------------------------------ RL loop
@@ -547,9 +558,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                 if k in updates[-1]:
                     m[k] = float(np.mean([u[k] for u in updates if k in u]))
         m["step_s"] = time.time() - t0
+        for phase, sec in (("rollout", m["rollout_s"]), ("learner", m["step_s"] - m["rollout_s"])):
+            timing[phase] = timing.get(phase, 0.0) + sec
 
         # -------------------------------------------------------------- curriculum
         if curriculum is not None and curriculum.due(step):
+            t0 = time.time()
             val = _evaluate(run, contexts(), jax.random.fold_in(rng, 10**6 + step),
                             tasks=run.val_tasks, seeds=(0,))
             curriculum.update(step, val["with_skills"]["per_task"],
@@ -558,6 +572,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             m.update(val_with_skills=val["with_skills"]["success_rate"],
                      val_without_skills=val["without_skills"]["success_rate"],
                      deltas=last["deltas"], active_after=list(curriculum.active))
+            timed("validation", t0)
         metrics.write(step, m)
         print(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
               f"invalid {m['invalid_rate']:.3f} skills {len(active)} "
@@ -569,14 +584,17 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
 
     # ------------------------------------------------------------------ final evaluation
     if "final" not in host["eval"]:
+        t0 = time.time()
         host["eval"]["final"] = _evaluate(run, full, jax.random.fold_in(rng, 2 * 10**6))
         _print_eval("final", host["eval"]["final"])
+        timed("eval", t0)
         save(c.rl.steps)
     ckpt.close()
     metrics.close()
     run.pool.close()
     summary = {"config": _jsonable(c), "steps": c.rl.steps,
                "wall_s": host.get("wall_s_base", 0.0) + time.time() - t_start,
+               "timing_s": {k: round(v, 1) for k, v in timing.items()},
                "warm_start": host["warm_start"], "eval": host["eval"],
                "curriculum": curriculum.history if curriculum is not None else []}
     if distributed.is_main():

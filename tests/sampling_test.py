@@ -19,7 +19,9 @@ EOS = 7
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     out = {}
-    for name, cfg in (("qwen2", QWEN2_TINY), ("qwen3", QWEN3_TINY)):
+    # qwen2_mha: one query head per KV head (G = 1), which takes the batched-dot decode path.
+    mha = dict(QWEN2_TINY, num_key_value_heads=QWEN2_TINY["num_attention_heads"])
+    for name, cfg in (("qwen2", QWEN2_TINY), ("qwen3", QWEN3_TINY), ("qwen2_mha", mha)):
         path = tmp_path_factory.mktemp(name)
         out[name] = (path, build_hf_model(path, **cfg, eos_token_id=EOS))
     return out
@@ -43,7 +45,7 @@ def hf_greedy(model, prompts, max_new, eos):
     return rows
 
 
-@pytest.mark.parametrize("which", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("which", ["qwen2", "qwen3", "qwen2_mha"])
 def test_greedy_matches_transformers_generate(checkpoints, which):
     path, ref_model = checkpoints[which]
     _, model = models.load(path)
@@ -69,10 +71,11 @@ def full_forward_logprobs(model, prompt, generated):
     SamplingParams(max_new_tokens=12, temperature=1.3, top_p=0.9, top_k=20),
 ])
 def test_logprobs_equal_full_forward(checkpoints, params):
-    _, model = models.load(checkpoints["qwen3"][0])
-    out = Sampler(model).generate(PROMPTS, params, jax.random.key(3))
-    for prompt, gen, logp in zip(PROMPTS, out.token_ids, out.logprobs):
-        np.testing.assert_allclose(logp, full_forward_logprobs(model, prompt, gen), atol=1e-5)
+    for which in ("qwen3", "qwen2_mha"):
+        _, model = models.load(checkpoints[which][0])
+        out = Sampler(model).generate(PROMPTS, params, jax.random.key(3))
+        for prompt, gen, logp in zip(PROMPTS, out.token_ids, out.logprobs):
+            np.testing.assert_allclose(logp, full_forward_logprobs(model, prompt, gen), atol=1e-5)
 
 
 def truncated_distribution(logits, temperature, top_k, top_p):
@@ -198,5 +201,7 @@ def test_bad_requests():
 
 
 def test_buckets():
-    assert [sampling.bucket_length(n) for n in (1, 16, 17, 100, 1024, 1025, 1600)] == \
-        [16, 16, 32, 128, 1024, 1536, 2048]
+    assert [sampling.bucket_length(n) for n in (1, 16, 17, 24, 25, 33, 65, 100, 1024, 1025, 1600)] \
+        == [16, 16, 24, 24, 32, 48, 96, 128, 1024, 1536, 2048]
+    assert [sampling.bucket_length(n, minimum=1) for n in (1, 2, 3, 5, 7, 48, 49)] == \
+        [1, 2, 3, 6, 8, 48, 64]

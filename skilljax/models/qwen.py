@@ -374,19 +374,22 @@ class Attention(nnx.Module):
         kv = cfg.num_kv_heads
         q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
         k_BKSH, v_BKSH = k_BKSH.astype(dt), v_BKSH.astype(dt)
-        if t == 1:
-            # One query per row (decode): multiply-and-reduce fuses into one loop, while a batched
-            # dot over B×K tiny matrices runs about 2× slower on XLA:CPU.
-            logits_BKGTS = jnp.sum(q_BTKGH.transpose(0, 2, 3, 1, 4)[..., None, :].astype(jnp.float32)
-                                   * k_BKSH[:, :, None, None], axis=-1) * (h ** -0.5)
+        # Decode with grouped queries (G > 1): multiply-and-reduce over (B, K, G, S, H) fuses into
+        # one loop and beats a batched dot over B×K tiny matrices ~2× on XLA:CPU. With G = 1 the
+        # same expression runs 20-50× slower than the dot (measured at B 8-64, S 80-1024).
+        reduce = t == 1 and n // kv > 1
+        if reduce:
+            q_BKGH = q_BTKGH[:, 0].astype(jnp.float32)
+            logits_BKGTS = (jnp.sum(q_BKGH[:, :, :, None] * k_BKSH[:, :, None], axis=-1)
+                            * (h ** -0.5))[:, :, :, None]
         else:
             logits_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, k_BKSH,
                                       preferred_element_type=jnp.float32) * (h ** -0.5)
         logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, jnp.finfo(jnp.float32).min)
         probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(dt)
-        if t == 1:
-            out_BTKGH = jnp.sum(probs_BKGTS[..., None] * v_BKSH[:, :, None, None], axis=-2
-                                ).transpose(0, 3, 1, 2, 4)
+        if reduce:
+            out_BTKGH = jnp.sum(probs_BKGTS[:, :, :, 0, :, None] * v_BKSH[:, :, None], axis=-2
+                                )[:, None]
         else:
             out_BTKGH = jnp.einsum("BKGTS,BKSH->BTKGH", probs_BKGTS, v_BKSH)
         out_BTNH = out_BTKGH.reshape(b, t, n, h)

@@ -88,7 +88,7 @@ def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float
 
 
 def response_window(loss_mask_BT) -> int | None:
-    """A static window length (a power of two ≥ 16) covering every row's response, for
+    """A static window length (a `bucket_length` ≥ 16) covering every row's response, for
     `token_logprobs`; None when a row's response is not one contiguous run of the loss mask or
     the window would not be shorter than the sequence (then logits are computed everywhere)."""
     m = np.asarray(loss_mask_BT) > 0
