@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,8 @@ class EnvPool:
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
         self.python = python or sys.executable
+        # Workers' stderr; a directory made here is removed by a close() after no worker died.
+        self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix=f"skilljax_{env}_workers_")
         self.restarts = 0
         self._lost: dict[int, str] = {}  # episode → why it failed outside any call of its own
@@ -181,6 +184,8 @@ class EnvPool:
                 pass
         _kill_all(self._workers)
         self._workers.clear()
+        if self._own_log_dir and not self.restarts:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self):
         return self

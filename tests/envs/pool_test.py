@@ -49,6 +49,14 @@ def test_crashed_worker_fails_its_episodes_and_the_run_goes_on(pool):
     resets = pool.reset(TASKS[:2], seeds=[0, 0])
     assert [r.failure for r in resets] == [None, None]
     assert pool.step({0: "win0"})[0].won
+    pool.close()  # a worker died: its log directory is kept for the user to read
+    assert os.path.isdir(pool.log_dir)
+
+
+def test_clean_close_removes_its_log_directory():
+    with EnvPool(PROBE, num_workers=1) as p:
+        assert os.path.isdir(p.log_dir)
+    assert not os.path.exists(p.log_dir)
 
 
 def test_hung_step_times_out(pool):
