@@ -69,7 +69,7 @@ def command(config_path: str, base_arg: str | None, run: dict, workdir: Path,
 
 def result_record(summary: dict) -> dict:
     """What a sweep table needs from a run's summary.json (its evaluation, curriculum, cost)."""
-    return {k: summary[k] for k in ("steps", "wall_s", "warm_start", "eval", "curriculum")
+    return {k: summary[k] for k in ("steps", "wall_s", "timing_s", "warm_start", "eval", "curriculum")
             if k in summary}
 
 
