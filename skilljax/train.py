@@ -461,8 +461,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     host: dict[str, Any] = {"step": 0, "eval": {}, "warm_start": None, "wall_s": 0.0}
     timing: dict[str, float] = {}  # seconds per phase of this run (resumed runs add theirs)
 
-    def timed(phase: str, t0: float) -> None:
-        timing[phase] = timing.get(phase, 0.0) + time.time() - t0
+    def add_time(phase: str, seconds: float) -> None:
+        timing[phase] = timing.get(phase, 0.0) + seconds
     if ckpt.steps():
         step, _, host = ckpt.restore(run.model, learner.optimizer)
         if curriculum is not None and host.get("curriculum"):
@@ -471,7 +471,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             reuse.load_state_dict(host["reuse"])
         print(f"resumed from step {step}", flush=True)
     timing.update(host.get("timing", {}))
-    timed("build", t_start)
+    add_time("build", time.time() - t_start)
     metrics = (MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
                              tensorboard=c.metrics.tensorboard)
                if distributed.is_main() else _NoMetrics())
@@ -511,7 +511,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             if entry is not None:
                 _store_warm_start(entry, run, host["warm_start"])
         print(f"warm start: {host['warm_start']}", flush=True)
-        timed("warm_start", t0)
+        add_time("warm_start", time.time() - t0)
         save(0)
 
     # ------------------------------------------------------------------ initial evaluation
@@ -520,7 +520,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         t0 = time.time()
         host["eval"]["initial"] = _evaluate(run, full, jax.random.fold_in(rng, 10**6))
         _print_eval("initial", host["eval"]["initial"])
-        timed("eval", t0)
+        add_time("eval", time.time() - t0)
         save(0)
 
     # ------------------------------------------------------------------ RL loop
@@ -558,8 +558,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                 if k in updates[-1]:
                     m[k] = float(np.mean([u[k] for u in updates if k in u]))
         m["step_s"] = time.time() - t0
-        for phase, sec in (("rollout", m["rollout_s"]), ("learner", m["step_s"] - m["rollout_s"])):
-            timing[phase] = timing.get(phase, 0.0) + sec
+        add_time("rollout", m["rollout_s"])
+        add_time("learner", m["step_s"] - m["rollout_s"])
 
         # -------------------------------------------------------------- curriculum
         if curriculum is not None and curriculum.due(step):
@@ -572,7 +572,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             m.update(val_with_skills=val["with_skills"]["success_rate"],
                      val_without_skills=val["without_skills"]["success_rate"],
                      deltas=last["deltas"], active_after=list(curriculum.active))
-            timed("validation", t0)
+            add_time("validation", time.time() - t0)
         metrics.write(step, m)
         print(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
               f"invalid {m['invalid_rate']:.3f} skills {len(active)} "
@@ -587,7 +587,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         t0 = time.time()
         host["eval"]["final"] = _evaluate(run, full, jax.random.fold_in(rng, 2 * 10**6))
         _print_eval("final", host["eval"]["final"])
-        timed("eval", t0)
+        add_time("eval", time.time() - t0)
         save(c.rl.steps)
     ckpt.close()
     metrics.close()

@@ -42,6 +42,9 @@ def workdir(tmp_path_factory):
 def test_runlocal_writes_everything(workdir):
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["wall_s"] > 0
+    timing = summary["timing_s"]  # seconds per phase, within the run's wall time
+    assert {"build", "warm_start", "eval", "rollout", "learner", "validation"} <= set(timing)
+    assert 0 < sum(timing.values()) <= summary["wall_s"] + 1
     for phase in ("initial", "final"):
         for mode in ("with_skills", "without_skills"):
             block = summary["eval"][phase][mode]
