@@ -382,7 +382,12 @@ def _evaluate(run: _Run, contexts, rng, tasks=None, seeds=None) -> dict:
                            seeds=seeds or tuple(range(c.eval.seeds)))
 
 
-def _warm_start(run: _Run, log) -> dict:
+def warm_start_data(run: _Run):
+    """The warm start's expert step samples: (training data, held-out data) as rollout results.
+
+    Held-out episodes all carry their procedure text (with `sft.with_skills`), so their NLL
+    measures following skill text.
+    """
     c = run.config
     cls = envs_base.env_class(c.env.name)
     # A fraction of the episodes is shown without any skill text (from `bare_task_options`, by
@@ -406,15 +411,24 @@ def _warm_start(run: _Run, log) -> dict:
     ctx = None
     if c.sft.with_skills:
         ctx = lambda t: "" if t.id in bare_ids else warmup_context(run.bank, t)
-    t0 = time.time()
     data = rollout(None, run.tok, run.pool, tasks, cfg, jax.random.key(0), skill_context=ctx,
                    fmt=run.fmt, expert=True)
-    # Held out: every episode with its procedure text (the NLL measures following skill text).
     held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0),
                         skill_context=(lambda t: warmup_context(run.bank, t)) if ctx else None,
                         fmt=run.fmt, expert=True)
-    scfg = sft.SFTConfig(learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
+    return data, held_data
+
+
+def sft_config(c) -> sft.SFTConfig:
+    return sft.SFTConfig(learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
                          steps=c.sft.steps, batch_size=c.sft.batch_size)
+
+
+def _warm_start(run: _Run, log) -> dict:
+    c = run.config
+    t0 = time.time()
+    data, held_data = warm_start_data(run)
+    scfg = sft_config(c)
     # Following procedure text appears abruptly and at a seed-dependent step, so the warm start
     # checks the held-out NLL every `check_every` steps and stops once it is below the target:
     # `steps` is a budget.
