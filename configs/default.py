@@ -58,7 +58,8 @@ def get_config(arg=None):
                  # No-skill episodes: verbs known by heart, and unknown verbs (whose device the
                  # policy cannot know: it learns to spread its guesses, so RL can explore).
                  bare_task_options=({"source": "convention"}, {"source": "random"}),
-                 cache_dir="")
+                 # Skill-free episodes join once the held-out NLL is below this (0: from step 1).
+                 bare_after_nll=0.0, cache_dir="")
 
     c.rl = dict(steps=180, tasks_per_step=6, group_size=8, max_turns=10, max_new_tokens=16,
                 temperature=1.0, top_p=1.0, top_k=0, learning_rate=5e-4, weight_decay=0.0,

@@ -383,10 +383,9 @@ def _evaluate(run: _Run, contexts, rng, tasks=None, seeds=None) -> dict:
 
 
 def warm_start_data(run: _Run):
-    """The warm start's expert step samples: (training data, held-out data) as rollout results.
-
-    Held-out episodes all carry their procedure text (with `sft.with_skills`), so their NLL
-    measures following skill text.
+    """The warm start's expert step samples: (training samples, which of them are skill-free,
+    held-out samples). Held-out episodes all carry their procedure text (with `sft.with_skills`),
+    so their NLL measures following skill text.
     """
     c = run.config
     cls = envs_base.env_class(c.env.name)
@@ -404,19 +403,17 @@ def warm_start_data(run: _Run):
     bare_ids = {t.id for t in bare}
     if len(bare_ids) < len(bare) or bare_ids & {t.id for t in tasks}:
         raise ValueError("sft task ids collide between the skill and no-skill warm-start tasks.")
-    tasks += bare
     held = cls.make_tasks("test", max(c.sft.tasks // 10, 8), seed=c.seed + 1,
                           **dict(c.sft.task_options))
     cfg = dataclasses.replace(rollout_config(c, evaluation=True), group_size=1)
-    ctx = None
-    if c.sft.with_skills:
-        ctx = lambda t: "" if t.id in bare_ids else warmup_context(run.bank, t)
-    data = rollout(None, run.tok, run.pool, tasks, cfg, jax.random.key(0), skill_context=ctx,
+    text = (lambda t: warmup_context(run.bank, t)) if c.sft.with_skills else None
+    data = rollout(None, run.tok, run.pool, tasks + bare, cfg, jax.random.key(0),
+                   skill_context=(lambda t: "" if t.id in bare_ids else text(t)) if text else None,
                    fmt=run.fmt, expert=True)
-    held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0),
-                        skill_context=(lambda t: warmup_context(run.bank, t)) if ctx else None,
+    held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0), skill_context=text,
                         fmt=run.fmt, expert=True)
-    return data, held_data
+    is_bare = [data.trajectories[s.episode].task.id in bare_ids for s in data.samples]
+    return data.samples, is_bare, held_data.samples
 
 
 def sft_config(c) -> sft.SFTConfig:
@@ -424,36 +421,59 @@ def sft_config(c) -> sft.SFTConfig:
                          steps=c.sft.steps, batch_size=c.sft.batch_size)
 
 
-def _warm_start(run: _Run, log) -> dict:
+def _warm_start(run: _Run, log, on_check=None) -> dict:
+    """The supervised warm start. `on_check(step, held_samples)`: called at every held-out check
+    (the warm-start probe's breakdown)."""
     c = run.config
     t0 = time.time()
-    data, held_data = warm_start_data(run)
+    samples, is_bare, held = warm_start_data(run)
+    bare = [s for s, b in zip(samples, is_bare) if b]
     scfg = sft_config(c)
     # Following procedure text appears abruptly and at a seed-dependent step, so the warm start
     # checks the held-out NLL every `check_every` steps and stops once it is below the target:
-    # `steps` is a budget.
+    # `steps` is a budget. With `bare_after_nll`, the skill-free episodes join only once the
+    # held-out NLL is below it (the policy reads skill text); before, they slow that jump down.
+    every, target = c.sft.get("check_every", 0), c.sft.get("target_heldout_nll", 0.0)
+    bare_after = float(c.sft.get("bare_after_nll", 0.0))
+    if bare and bare_after and (not every or bare_after < target):
+        raise ValueError(f"sft.bare_after_nll={bare_after} needs sft.check_every > 0 (the held-out "
+                         f"checks) and must not be below sft.target_heldout_nll={target}.")
     curve: list[tuple[int, float]] = []
+    admitted: list[int] = []
 
     def should_stop(step: int) -> bool:
-        every, target = c.sft.get("check_every", 0), c.sft.get("target_heldout_nll", 0.0)
         if not every or step % every:
             return False
-        curve.append((step, sft.evaluate_nll(run.model, held_data.samples, run.tok.pad_id)))
+        curve.append((step, sft.evaluate_nll(run.model, held, run.tok.pad_id)))
         print(f"warm start {step}: held-out NLL {curve[-1][1]:.4f}", flush=True)
-        return curve[-1][1] < target
+        if on_check is not None:
+            on_check(step, held)
+        return curve[-1][1] < target and (admitted or not bare_after or not bare)
 
-    history = sft.train(run.model, data.samples, scfg, run.tok.pad_id, seed=c.seed,
-                        on_step=lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None,
-                        should_stop=should_stop)
-    nll = sft.evaluate_nll(run.model, held_data.samples, run.tok.pad_id)
-    if c.sft.get("target_heldout_nll") and nll >= c.sft.target_heldout_nll:
+    def admit(step: int) -> bool:
+        if curve and curve[-1][0] == step and curve[-1][1] < bare_after:
+            admitted.append(step)
+            print(f"warm start {step}: skill-free episodes join ({len(bare)} samples)", flush=True)
+        return bool(admitted)
+
+    on_step = lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None
+    if bare_after and bare:
+        history = sft.train(run.model, [s for s, b in zip(samples, is_bare) if not b], scfg,
+                            run.tok.pad_id, seed=c.seed, on_step=on_step, should_stop=should_stop,
+                            later=bare, admit_later=admit)
+    else:
+        history = sft.train(run.model, samples, scfg, run.tok.pad_id, seed=c.seed,
+                            on_step=on_step, should_stop=should_stop)
+    nll = sft.evaluate_nll(run.model, held, run.tok.pad_id)
+    if target and nll >= target:
         print(f"WARNING: the warm start ended at held-out NLL {nll:.3f}, above its target "
-              f"{c.sft.target_heldout_nll}: the policy may not follow skill text yet, and RL "
-              f"from it will start weak. Raise sft.steps (the budget) or sft.learning_rate.",
+              f"{target}: the policy may not follow skill text yet, and RL from it will start "
+              f"weak. Raise sft.steps (the budget) or sft.learning_rate.",
               flush=True)
-    return dict(samples=len(data.samples), steps=len(history), wall_s=time.time() - t0,
+    return dict(samples=len(samples), steps=len(history), wall_s=time.time() - t0,
                 final_loss=float(np.mean([h["loss"] for h in history[-10:]])),
-                heldout_nll=nll, heldout_curve=curve)
+                heldout_nll=nll, heldout_curve=curve,
+                bare_admitted_at=admitted[0] if admitted else None)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:

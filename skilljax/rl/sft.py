@@ -70,34 +70,42 @@ def _batch(samples: Sequence[StepSample], pad_id: int, multiple: int = 32):
 
 
 def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_id: int,
-          seed: int = 0, log_every: int = 0, on_step=None,
-          should_stop=None) -> list[dict[str, float]]:
+          seed: int = 0, log_every: int = 0, on_step=None, should_stop=None,
+          later: Sequence[StepSample] = (), admit_later=None) -> list[dict[str, float]]:
     """Up to `cfg.steps` optimiser steps on batches drawn without replacement (reshuffled per epoch).
 
     Batch rows are grouped by length (a shuffled epoch is cut into chunks of 16 batches, each chunk
     sorted by length) so padding stays small. `on_step(step, metrics)` is called after each step;
     training ends early when `should_stop(step)` returns True (the learning-rate schedule still
     spans `cfg.steps`, so `cfg.steps` is a budget, not a promise).
+
+    `later`: samples held back until `admit_later(step)` (asked after each step) first returns
+    True; from then on batches are drawn from `samples` and `later` together (a fresh epoch
+    starts at once). Same optimiser state and schedule throughout.
     """
     if not samples:
         raise ValueError("SFT needs at least one expert step sample.")
+    if later and admit_later is None:
+        raise ValueError("sft.train: `later` samples need an `admit_later(step)` condition.")
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
     rng = np.random.default_rng(seed)
     bs = min(cfg.batch_size, len(samples))
     order: list[int] = []
     history = []
+    admitted = not later
+    pool = list(samples)
     for step in range(cfg.steps):
         if len(order) < bs:
-            perm = list(rng.permutation(len(samples)))
+            perm = list(rng.permutation(len(pool)))
             chunk = bs * 16
             for c in range(0, len(perm), chunk):
-                perm[c:c + chunk] = sorted(perm[c:c + chunk], key=lambda i: len(samples[i].prompt_ids))
+                perm[c:c + chunk] = sorted(perm[c:c + chunk], key=lambda i: len(pool[i].prompt_ids))
             batches = [perm[i:i + bs] for i in range(0, len(perm) - bs + 1, bs)]
             rng.shuffle(batches)
             order = [i for b in batches for i in b]
         idx, order = order[:bs], order[bs:]
         t0 = time.perf_counter()
-        arrays = _batch([samples[i] for i in idx], pad_id)
+        arrays = _batch([pool[i] for i in idx], pad_id)
         window = response_window(arrays[1])
         loss, gnorm = _step(model, optimizer, *(shd.put_replicated(a, model.layout) for a in arrays),
                             window)
@@ -110,6 +118,9 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
             print(f"sft step {step + 1}/{cfg.steps}: loss {metrics['loss']:.4f}", flush=True)
         if should_stop is not None and should_stop(step + 1):
             break
+        if not admitted and admit_later(step + 1):
+            admitted, pool, order = True, pool + list(later), []
+            history[-1]["admitted_later"] = len(later)
     return history
 
 

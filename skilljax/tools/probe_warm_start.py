@@ -3,8 +3,8 @@
     python -m skilljax.tools.probe_warm_start --config configs/default.py --workdir /tmp/probe \
         [--config.sft.steps=2000] [--config.sft.without_skills_fraction=0.0 ...]
 
-Runs the config's warm start (same tokenizer, data and optimiser as `skilljax.train`, no RL) and
-every `sft.check_every` steps prints the held-out NLL as the sum of each kind's share: kind =
+Runs the config's warm start (`skilljax.train`'s own, no RL) and at every held-out check
+(`sft.check_every` steps) prints the held-out NLL as the sum of each kind's share: kind =
 the action's first word and the episode step it was taken at (`use@1`: the first device of a
 chores procedure, `use@2`: the second, ...). A warm start that sits on a plateau shows which
 lookup it has not learned yet (on chores: copying the first device from the skill text, finding
@@ -30,40 +30,30 @@ def action_kind(sample) -> str:
 
 
 def probe(config, workdir) -> list[dict]:
-    c = config
-    run = train_lib._build(c, Path(workdir), train_tokenizer=True)
-    try:
-        data, held = train_lib.warm_start_data(run)
+    run = train_lib._build(config, Path(workdir), train_tokenizer=True)
+    curve, t0 = [], time.time()
+
+    def check(step: int, held) -> None:
         groups = collections.defaultdict(list)
-        for s in held.samples:
+        for s in held:
             groups[action_kind(s)].append(s)
         tokens = {k: sum(len(s.response_ids) for s in v) for k, v in groups.items()}
-        total_tokens = sum(tokens.values())
-        print(f"{len(data.samples)} training samples; held-out samples per kind: "
-              f"{ {k: len(v) for k, v in sorted(groups.items())} }", flush=True)
-        scfg = train_lib.sft_config(c)
-        every = c.sft.get("check_every", 0) or max(c.sft.steps // 8, 1)
-        curve, t0 = [], time.time()
+        # Each kind's share of the per-token mean: its mean NLL weighted by its tokens.
+        share = {k: sft.evaluate_nll(run.model, v, run.tok.pad_id) * tokens[k]
+                 / sum(tokens.values()) for k, v in sorted(groups.items())}
+        row = dict(step=step, seconds=round(time.time() - t0, 1),
+                   heldout_nll=round(sum(share.values()), 4),
+                   share={k: round(v, 4) for k, v in share.items()})
+        curve.append(row)
+        print(f"step {step} ({row['seconds']:.0f} s): held-out NLL {row['heldout_nll']:.4f} "
+              f"= {row['share']}", flush=True)
 
-        def check(step: int) -> bool:
-            if step % every and step != c.sft.steps:
-                return False
-            # Each kind's share of the per-token mean: its mean NLL weighted by its tokens.
-            # (Token counts include the response template; the shares still sum to the total.)
-            share = {k: sft.evaluate_nll(run.model, v, run.tok.pad_id) * tokens[k] / total_tokens
-                     for k, v in sorted(groups.items())}
-            row = dict(step=step, seconds=round(time.time() - t0, 1),
-                       heldout_nll=round(sum(share.values()), 4),
-                       share={k: round(v, 4) for k, v in share.items()})
-            curve.append(row)
-            print(f"step {step} ({row['seconds']:.0f} s): held-out NLL {row['heldout_nll']:.4f} "
-                  f"= {row['share']}", flush=True)
-            return row["heldout_nll"] < c.sft.get("target_heldout_nll", 0.0)
-
-        sft.train(run.model, data.samples, scfg, run.tok.pad_id, seed=c.seed, should_stop=check)
-        return curve
+    try:
+        record = train_lib._warm_start(run, lambda s, m: None, on_check=check)
     finally:
         run.pool.close()
+    print(f"warm start: {record}", flush=True)
+    return curve
 
 
 def main(argv=None) -> None:

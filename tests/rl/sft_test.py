@@ -1,0 +1,33 @@
+"""Warm-start training: held-back samples join once their condition holds."""
+
+import numpy as np
+import pytest
+
+from skilljax import models
+from skilljax.rl import sft
+from skilljax.rl.rollout import StepSample
+
+
+def _sample(first_token: int) -> StepSample:
+    return StepSample([first_token, 5, 6], [7, 8], np.zeros(2), 0, 0, 0, "a", True, "", 0.0,
+                      False, {})
+
+
+def test_later_samples_join_only_after_admission(monkeypatch):
+    _, model = models.load("tiny", vocab_size=64, num_layers=1, seed=0)
+    seen = []
+    batch = sft._batch
+
+    def spy(samples, pad_id, multiple=32):
+        seen.append({s.prompt_ids[0] for s in samples})
+        return batch(samples, pad_id, multiple)
+
+    monkeypatch.setattr(sft, "_batch", spy)
+    early, later = [_sample(1) for _ in range(8)], [_sample(2) for _ in range(8)]
+    cfg = sft.SFTConfig(steps=12, batch_size=4, warmup_steps=1)
+    history = sft.train(model, early, cfg, pad_id=0, later=later, admit_later=lambda s: s >= 4)
+    assert all(s == {1} for s in seen[:4])               # steps 1–4: only the early samples
+    assert set().union(*seen[4:]) == {1, 2}              # then both, from a fresh epoch
+    assert history[3]["admitted_later"] == 8 and len(history) == 12
+    with pytest.raises(ValueError, match="admit_later"):
+        sft.train(model, early, cfg, pad_id=0, later=later)
