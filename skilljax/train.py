@@ -456,14 +456,12 @@ def _warm_start(run: _Run, log, on_check=None) -> dict:
             print(f"warm start {step}: skill-free episodes join ({len(bare)} samples)", flush=True)
         return bool(admitted)
 
-    on_step = lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None
-    if bare_after and bare:
-        history = sft.train(run.model, [s for s, b in zip(samples, is_bare) if not b], scfg,
-                            run.tok.pad_id, seed=c.seed, on_step=on_step, should_stop=should_stop,
-                            later=bare, admit_later=admit)
-    else:
-        history = sft.train(run.model, samples, scfg, run.tok.pad_id, seed=c.seed,
-                            on_step=on_step, should_stop=should_stop)
+    held_back = bool(bare_after and bare)  # else every sample from step 1, in rollout order
+    history = sft.train(run.model, [s for s, b in zip(samples, is_bare) if not b] if held_back
+                        else samples, scfg, run.tok.pad_id, seed=c.seed,
+                        on_step=lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None,
+                        should_stop=should_stop, later=bare if held_back else (),
+                        admit_later=admit if held_back else None)
     nll = sft.evaluate_nll(run.model, held, run.tok.pad_id)
     if target and nll >= target:
         print(f"WARNING: the warm start ended at held-out NLL {nll:.3f}, above its target "

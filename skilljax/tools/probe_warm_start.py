@@ -33,10 +33,12 @@ def probe(config, workdir) -> list[dict]:
     run = train_lib._build(config, Path(workdir), train_tokenizer=True)
     curve, t0 = [], time.time()
 
+    groups: dict[str, list] = collections.defaultdict(list)  # filled at the first check
+
     def check(step: int, held) -> None:
-        groups = collections.defaultdict(list)
-        for s in held:
-            groups[action_kind(s)].append(s)
+        if not groups:
+            for s in held:
+                groups[action_kind(s)].append(s)
         tokens = {k: sum(len(s.response_ids) for s in v) for k, v in groups.items()}
         # Each kind's share of the per-token mean: its mean NLL weighted by its tokens.
         share = {k: sft.evaluate_nll(run.model, v, run.tok.pad_id) * tokens[k]
