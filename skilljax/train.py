@@ -385,7 +385,9 @@ def _evaluate(run: _Run, contexts, rng, tasks=None, seeds=None) -> dict:
 def warm_start_data(run: _Run):
     """The warm start's expert step samples: (training samples, which of them are skill-free,
     held-out samples). Held-out episodes all carry their procedure text (with `sft.with_skills`),
-    so their NLL measures following skill text.
+    so their NLL measures following skill text. With `sft.expert_noise` the training episodes
+    take random actions at that rate (not training targets) and the expert recovers from them;
+    held-out episodes stay clean.
     """
     c = run.config
     cls = envs_base.env_class(c.env.name)
@@ -409,11 +411,13 @@ def warm_start_data(run: _Run):
     text = (lambda t: warmup_context(run.bank, t)) if c.sft.with_skills else None
     data = rollout(None, run.tok, run.pool, tasks + bare, cfg, jax.random.key(0),
                    skill_context=(lambda t: "" if t.id in bare_ids else text(t)) if text else None,
-                   fmt=run.fmt, expert=True)
+                   fmt=run.fmt, expert=True, expert_noise=float(c.sft.get("expert_noise", 0.0)),
+                   noise_seed=c.seed)
     held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0), skill_context=text,
                         fmt=run.fmt, expert=True)
-    is_bare = [data.trajectories[s.episode].task.id in bare_ids for s in data.samples]
-    return data.samples, is_bare, held_data.samples
+    samples = [s for s in data.samples if not s.perturbed]
+    is_bare = [data.trajectories[s.episode].task.id in bare_ids for s in samples]
+    return samples, is_bare, held_data.samples
 
 
 def sft_config(c) -> sft.SFTConfig:

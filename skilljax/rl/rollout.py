@@ -155,6 +155,8 @@ class StepSample:
     counts: dict[str, int]       # skill/history/observation/template/response tokens
     anchor: str = ""             # the env state the action was taken in (GiGPO's anchor state):
                                  # info["state"] where the env gives one, else the observation
+    perturbed: bool = False      # expert data only: a random action the noise took instead of the
+                                 # expert's (it leads to states to recover from; not a target)
 
 
 @dataclasses.dataclass
@@ -200,12 +202,20 @@ class RolloutConfig:
 def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Sequence[Task],
             cfg: RolloutConfig, rng: jax.Array, *, seeds: Sequence[int] | None = None,
             skill_context: Callable[[Task], str] | Mapping[str, str] | None = None,
-            fmt=ThinkAction(), expert: bool = False) -> RolloutResult:
+            fmt=ThinkAction(), expert: bool = False, expert_noise: float = 0.0,
+            noise_seed: int = 0) -> RolloutResult:
     """Plays every task `group_size` times; all members of a group get the same env seed.
 
     With `expert=True` the env's expert acts instead of the sampler (responses rendered by
-    `fmt.render`, logprobs 0): the same prompts, for supervised warm-start data.
+    `fmt.render`, logprobs 0): the same prompts, for supervised warm-start data. With
+    `expert_noise` > 0, each expert step is replaced with that probability by a random admissible
+    action other than the expert's (drawn from `noise_seed`), marked `perturbed`: the expert's next
+    steps then show how to recover from a mistake (noise injection, as in DART), which pure expert
+    episodes never do.
     """
+    if expert_noise and not expert:
+        raise ValueError("expert_noise applies to expert rollouts only (expert=True).")
+    noise_rng = np.random.default_rng(noise_seed)
     n_groups, g = len(tasks), cfg.group_size
     seeds = list(seeds) if seeds is not None else list(range(n_groups))
     trajs = [Trajectory(task, i // g, seeds[i // g]) for i, task in
@@ -234,8 +244,11 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                                 admissible=admissible[i]) for i in live]
         rng, key = jax.random.split(rng)
         t0 = time.perf_counter()
+        perturbed = set()
         if expert:
             out = _expert_output(tok, fmt, pool, live)
+            if expert_noise:
+                perturbed = _perturb(out, tok, fmt, live, admissible, expert_noise, noise_rng)
         else:
             out = sampler.generate([p.ids for p in prompts], params, key)
         sample_s += time.perf_counter() - t0
@@ -248,7 +261,8 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             trajs[i].samples.append(len(samples))
             samples.append(StepSample(prompts[j].ids, list(out.token_ids[j]), out.logprobs[j], i,
                                       trajs[i].group, turn, action, valid, reason, 0.0,
-                                      out.finish_reasons[j] == "length", counts, state[i]))
+                                      out.finish_reasons[j] == "length", counts, state[i],
+                                      perturbed=i in perturbed))
         t0 = time.perf_counter()
         results = pool.step(actions)
         env_s += time.perf_counter() - t0
@@ -307,6 +321,28 @@ def _expert_output(tok: Tokenizer, fmt, pool: EnvPool, live: list[int]) -> Sampl
     ids = [tok.encode(fmt.render(acts[i])) + [tok.im_end_id] for i in live]
     return SampleOutput(ids, [np.zeros(len(x), np.float32) for x in ids],
                         np.array([len(x) for x in ids]), ["stop"] * len(ids))
+
+
+def _perturb(out: SampleOutput, tok: Tokenizer, fmt, live: list[int], admissible: dict,
+             p: float, rng: np.random.Generator) -> set[int]:
+    """Replaces, with probability `p` each, expert responses in `out` (in place) by a random other
+    admissible action; returns the episodes perturbed."""
+    done = set()
+    for j, i in enumerate(live):
+        if rng.random() >= p:
+            continue
+        if admissible.get(i) is None:
+            raise ValueError("expert noise needs an env that lists its admissible actions "
+                             "(info['admissible_actions']); set the noise to 0 for this env.")
+        expert_action = fmt.parse(tok.decode(out.token_ids[j], skip_special_tokens=True))[0]
+        others = [a for a in admissible[i] if a != expert_action]
+        if not others:
+            continue
+        ids = tok.encode(fmt.render(others[rng.integers(len(others))])) + [tok.im_end_id]
+        out.token_ids[j], out.logprobs[j] = ids, np.zeros(len(ids), np.float32)
+        out.lengths[j] = len(ids)
+        done.add(i)
+    return done
 
 
 def _context(skill_context, task: Task) -> str:

@@ -186,3 +186,42 @@ def test_behaviour_stats_count_rejected_and_repeated_actions():
     assert stats["rejected_rate"] == 1 / 6 and stats["repeat_rate"] == 2 / 6
     assert stats["rejected_rate_won"] == 1 / 4 and stats["repeat_rate_won"] == 1 / 4
     assert stats["success_steps"] == 4.0
+
+
+def test_expert_noise_marks_random_actions_and_the_expert_recovers(tok, pool):
+    tasks = Chores.make_tasks("train", 6, seed=3)
+    clean = rollout(None, tok, pool, tasks, RolloutConfig(group_size=1, max_turns=20),
+                    jax.random.key(0), expert=True)
+    assert not any(s.perturbed for s in clean.samples)
+    noisy = rollout(None, tok, pool, tasks, RolloutConfig(group_size=1, max_turns=20),
+                    jax.random.key(0), expert=True, expert_noise=0.4, noise_seed=1)
+    perturbed = [s for s in noisy.samples if s.perturbed]
+    assert 0 < len(perturbed) < len(noisy.samples)
+    # A perturbed step replaced the expert's action by another one (the env's own expert would
+    # have taken the clean rollout's action from that state); the episodes go on and the expert
+    # steps after it are targets.
+    assert sum(t.steps for t in noisy.trajectories) > sum(t.steps for t in clean.trajectories)
+    assert all(tok.decode(s.response_ids) == f"<think></think><action>{s.action}</action><|im_end|>"
+               for s in perturbed)
+    with pytest.raises(ValueError, match="expert rollouts only"):
+        rollout(None, tok, pool, tasks, RolloutConfig(group_size=1), jax.random.key(0),
+                expert_noise=0.1)
+
+
+def test_countdown_expert_noise_shows_rollback():
+    from skilljax.envs.countdown import Countdown
+    tasks = Countdown.make_tasks("train", 12, seed=0, max_numbers=3, max_target=100)
+    ctok = Tokenizer.train(env_texts("countdown", 20), vocab_size=400)
+    with EnvPool("countdown", num_workers=1) as cpool:
+        res = rollout(None, ctok, cpool, tasks, RolloutConfig(group_size=1, max_turns=12),
+                      jax.random.key(0), expert=True, expert_noise=0.5, noise_seed=0)
+    by_episode = {}
+    for s in res.samples:
+        by_episode.setdefault(s.episode, []).append(s)
+    recoveries = 0
+    for steps in by_episode.values():
+        for before, after in zip(steps, steps[1:]):
+            if after.action.lower() in ("rollback", "reset") and not after.perturbed:
+                recoveries += 1
+                assert before.perturbed or before.action.lower() in ("rollback", "reset")
+    assert recoveries > 0
