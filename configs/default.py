@@ -8,8 +8,9 @@ A tiny Qwen-architecture policy is trained from scratch on a laptop CPU:
 2. a supervised warm start on expert episodes of *randomised* chores procedures, each shown with
    its own procedure text in the skill context: the policy learns to follow skill text, not the
    benchmark's procedures; a quarter of the episodes come without text (verbs with fixed
-   procedures it learns by heart, and unknown verbs), as a pretrained model brings both; it stops
-   once the held-out NLL of following text is below 0.05;
+   procedures it learns by heart, and unknown verbs), as a pretrained model brings both, joining
+   once the policy reads text (held-out NLL below 0.15); it stops once the held-out NLL of
+   following text is below 0.06;
 3. RL (GiGPO: GRPO's episode advantage plus a step advantage among identical states, so the step
    that made progress gets the credit) on the six benchmark task types with the SKILL0 curriculum:
    every `validate_every` steps
@@ -49,17 +50,18 @@ def get_config(arg=None):
     c.prompt = dict(role="", history_length=0, show_admissible=False, require_think=False,
                     instruction="", max_prompt_tokens=None)
 
-    # Reading procedure text appears abruptly (an induction-style lookup) at a seed-dependent step
-    # (between ~1,750 and ~4,000 in the runs so far): `steps` is a budget, the run stops at the
-    # held-out target.
+    # Reading procedure text appears abruptly (an induction-style lookup) at a seed-dependent step:
+    # `steps` is a budget, the run stops at the held-out target. The skill-free episodes slow
+    # that jump down (seed 0 never made it within 4,500 steps with them from step 1), so they join
+    # once the held-out NLL is below `bare_after_nll` (both seeds then reach the target: README).
     c.sft = dict(steps=4500, batch_size=16, learning_rate=3e-3, warmup_steps=20, tasks=3000,
-                 check_every=250, target_heldout_nll=0.05,
+                 check_every=250, target_heldout_nll=0.06,
                  with_skills=True, task_options={"source": "random"}, without_skills_fraction=0.25,
                  # No-skill episodes: verbs known by heart, and unknown verbs (whose device the
                  # policy cannot know: it learns to spread its guesses, so RL can explore).
                  bare_task_options=({"source": "convention"}, {"source": "random"}),
                  # Skill-free episodes join once the held-out NLL is below this (0: from step 1).
-                 bare_after_nll=0.0, cache_dir="")
+                 bare_after_nll=0.15, cache_dir="")
 
     c.rl = dict(steps=180, tasks_per_step=6, group_size=8, max_turns=10, max_new_tokens=16,
                 temperature=1.0, top_p=1.0, top_k=0, learning_rate=5e-4, weight_decay=0.0,
