@@ -215,6 +215,9 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     """
     if expert_noise and not expert:
         raise ValueError("expert_noise applies to expert rollouts only (expert=True).")
+    if not 0.0 <= expert_noise < 1.0:
+        raise ValueError(f"expert_noise={expert_noise} must be in [0, 1): the chance that a "
+                         "random action replaces the expert's at a step.")
     noise_rng = np.random.default_rng(noise_seed)
     n_groups, g = len(tasks), cfg.group_size
     seeds = list(seeds) if seeds is not None else list(range(n_groups))
@@ -335,7 +338,7 @@ def _perturb(out: SampleOutput, tok: Tokenizer, fmt, live: list[int], admissible
             raise ValueError("expert noise needs an env that lists its admissible actions "
                              "(info['admissible_actions']); set the noise to 0 for this env.")
         expert_action = fmt.parse(tok.decode(out.token_ids[j], skip_special_tokens=True))[0]
-        others = [a for a in admissible[i] if a != expert_action]
+        others = [a for a in admissible[i] if a.strip().lower() != expert_action.strip().lower()]
         if not others:
             continue
         ids = tok.encode(fmt.render(others[rng.integers(len(others))])) + [tok.im_end_id]

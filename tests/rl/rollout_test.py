@@ -206,6 +206,9 @@ def test_expert_noise_marks_random_actions_and_the_expert_recovers(tok, pool):
     with pytest.raises(ValueError, match="expert rollouts only"):
         rollout(None, tok, pool, tasks, RolloutConfig(group_size=1), jax.random.key(0),
                 expert_noise=0.1)
+    with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+        rollout(None, tok, pool, tasks, RolloutConfig(group_size=1), jax.random.key(0),
+                expert=True, expert_noise=1.0)
 
 
 def test_countdown_expert_noise_shows_rollback():
