@@ -27,7 +27,11 @@ def get_config(arg=None):
                  role="You are an expert at the Countdown numbers game, played one operation at "
                       "a time."),
         eval_sampling=dict(temperature=0.4),
-        cpu=dict(train_tasks=2000, history_length=0,
+        # The warm start's episodes take a random action a quarter of the time and the expert
+        # recovers (Rollback / Reset): clean expert episodes never show a dead end, and a policy
+        # trained on them loops on rejected actions after its first wrong operation.
+        cpu=dict(train_tasks=2000, history_length=0, sft_tasks=3000, sft_steps=3000,
+                 expert_noise=0.25,
                  task_options=dict(min_numbers=3, max_numbers=3, min_target=10, max_target=100)))
 
 
