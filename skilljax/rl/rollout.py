@@ -249,9 +249,10 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         t0 = time.perf_counter()
         perturbed = set()
         if expert:
-            out = _expert_output(tok, fmt, pool, live)
+            acts = pool.expert_actions(live)
+            out = _expert_output(tok, fmt, acts, live)
             if expert_noise:
-                perturbed = _perturb(out, tok, fmt, live, admissible, expert_noise, noise_rng)
+                perturbed = _perturb(out, tok, fmt, acts, live, admissible, expert_noise, noise_rng)
         else:
             out = sampler.generate([p.ids for p in prompts], params, key)
         sample_s += time.perf_counter() - t0
@@ -319,17 +320,16 @@ def behaviour_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def _expert_output(tok: Tokenizer, fmt, pool: EnvPool, live: list[int]) -> SampleOutput:
-    acts = pool.expert_actions(live)
+def _expert_output(tok: Tokenizer, fmt, acts: Mapping[int, str], live: list[int]) -> SampleOutput:
     ids = [tok.encode(fmt.render(acts[i])) + [tok.im_end_id] for i in live]
     return SampleOutput(ids, [np.zeros(len(x), np.float32) for x in ids],
                         np.array([len(x) for x in ids]), ["stop"] * len(ids))
 
 
-def _perturb(out: SampleOutput, tok: Tokenizer, fmt, live: list[int], admissible: dict,
-             p: float, rng: np.random.Generator) -> set[int]:
-    """Replaces, with probability `p` each, expert responses in `out` (in place) by a random other
-    admissible action; returns the episodes perturbed."""
+def _perturb(out: SampleOutput, tok: Tokenizer, fmt, acts: Mapping[int, str], live: list[int],
+             admissible: dict, p: float, rng: np.random.Generator) -> set[int]:
+    """Replaces, with probability `p` each, the expert's responses in `out` (in place; `acts`: its
+    actions) by a random other admissible action; returns the episodes perturbed."""
     done = set()
     for j, i in enumerate(live):
         if rng.random() >= p:
@@ -337,8 +337,7 @@ def _perturb(out: SampleOutput, tok: Tokenizer, fmt, live: list[int], admissible
         if admissible.get(i) is None:
             raise ValueError("expert noise needs an env that lists its admissible actions "
                              "(info['admissible_actions']); set the noise to 0 for this env.")
-        expert_action = fmt.parse(tok.decode(out.token_ids[j], skip_special_tokens=True))[0]
-        others = [a for a in admissible[i] if a.strip().lower() != expert_action.strip().lower()]
+        others = [a for a in admissible[i] if a.strip().lower() != acts[i].strip().lower()]
         if not others:
             continue
         ids = tok.encode(fmt.render(others[rng.integers(len(others))])) + [tok.im_end_id]
