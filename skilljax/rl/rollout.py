@@ -320,8 +320,13 @@ def behaviour_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
+def _response_ids(tok: Tokenizer, fmt, action: str) -> list[int]:
+    """The tokens of a response that states `action`, through the end-of-turn token."""
+    return tok.encode(fmt.render(action)) + [tok.im_end_id]
+
+
 def _expert_output(tok: Tokenizer, fmt, acts: Mapping[int, str], live: list[int]) -> SampleOutput:
-    ids = [tok.encode(fmt.render(acts[i])) + [tok.im_end_id] for i in live]
+    ids = [_response_ids(tok, fmt, acts[i]) for i in live]
     return SampleOutput(ids, [np.zeros(len(x), np.float32) for x in ids],
                         np.array([len(x) for x in ids]), ["stop"] * len(ids))
 
@@ -340,7 +345,7 @@ def _perturb(out: SampleOutput, tok: Tokenizer, fmt, acts: Mapping[int, str], li
         others = [a for a in admissible[i] if a.strip().lower() != acts[i].strip().lower()]
         if not others:
             continue
-        ids = tok.encode(fmt.render(others[rng.integers(len(others))])) + [tok.im_end_id]
+        ids = _response_ids(tok, fmt, others[rng.integers(len(others))])
         out.token_ids[j], out.logprobs[j] = ids, np.zeros(len(ids), np.float32)
         out.lengths[j] = len(ids)
         done.add(i)
