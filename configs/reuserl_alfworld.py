@@ -27,7 +27,8 @@ def get_config(arg=None):
         env=dict(name="alfworld", eval_tasks=140, history_length=50, test_split=arg.eval_split,
                  role="You are an expert agent operating in the ALFRED embodied environment."),
         eval_sampling=dict(temperature=0.4),
-        cpu=dict(train_tasks=300, history_length=8, sft_tasks=300, task_options={}))
+        cpu=dict(train_tasks=300, history_length=8, sft_tasks=300, task_options={},
+                 micro_batch_size=64))
     if not (arg.cpu or arg.runlocal):
         c.eval.update(samples_per_task=7, seeds=1)  # SC@7
     if arg.runlocal:

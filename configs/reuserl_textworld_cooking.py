@@ -27,7 +27,8 @@ def get_config(arg=None):
                  role="You are an expert agent playing a text cooking game."),
         eval_sampling=dict(temperature=0.7, top_p=0.8, top_k=20),
         cpu=dict(train_tasks=400, history_length=4, sft_tasks=400,
-                 task_options=dict(difficulty="simple")))
+                 task_options=dict(difficulty="simple"),
+                 micro_batch_size=64))
 
 
 def sweep(add, arg=None):

@@ -94,7 +94,9 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
     G = 8 rollouts per task, 16 tasks per step, token-mean loss, no KL, entropy 0.001.
     `arg.cpu`: the CPU-scale run instead — a tiny policy trained from scratch with a tokenizer on
     the env's text and a supervised warm start on expert episodes, then the same arms; `cpu` holds
-    that env's task options and sizes. `arg.runlocal`: a two-minute smoke run.
+    that env's task options and sizes (`micro_batch_size`: accumulate gradients over micro-batches
+    of that many step samples, for envs whose long prompts would not fit one batch in memory).
+    `arg.runlocal`: a two-minute smoke run.
     """
     if not (arg.checkpoint or arg.cpu or arg.runlocal):
         raise ValueError(f"A ReuseRL config needs checkpoint=<HF directory of {model}> (weights "
@@ -145,7 +147,8 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
                      warmup_steps=20, tasks=cpu.get("sft_tasks", 1500), check_every=250,
                      task_options=cpu["task_options"], expert_noise=cpu.get("expert_noise", 0.0))
         c.rl.update(steps=cpu.get("rl_steps", 60), tasks_per_step=6, max_new_tokens=24,
-                    learning_rate=5e-4, micro_batch_size=None, entropy_coef=0.0,
+                    learning_rate=5e-4, micro_batch_size=cpu.get("micro_batch_size"),
+                    entropy_coef=0.0,
                     drop_zero_advantage=True)
         c.eval.update(tasks=60, seeds=1, temperature=0.0, top_p=1.0, top_k=0)
         c.checkpoint.every = 10
@@ -156,7 +159,7 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
                                  num_kv_heads=2, head_dim=32)
         c.sft.update(steps=6, tasks=12, check_every=3)
         c.rl.update(steps=3, tasks_per_step=2, group_size=2, max_turns=min(horizon, 6),
-                    batch_multiple=16)
+                    batch_multiple=16, micro_batch_size=c.rl.micro_batch_size and 16)
         c.eval.tasks = 4
         c.checkpoint.every = 2
         c.metrics.tensorboard = False

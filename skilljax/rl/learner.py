@@ -229,8 +229,7 @@ class Learner:
             for i in range(b // mini):
                 mb = jax.tree.map(lambda x: x[i * mini:(i + 1) * mini], shuffled)
                 t0 = time.perf_counter()
-                metrics = {k: float(v) for k, v in
-                           _mini_batch_step(self.model, self.optimizer, mb, self.cfg, window).items()}
+                metrics = self._step(mb, window)
                 step_s = time.perf_counter() - t0
                 adv = to_host(mb.advantages_B)
                 metrics.update(step_s=step_s,
@@ -239,3 +238,20 @@ class Learner:
                                adv_min=float(adv.min()), adv_max=float(adv.max()))
                 out.append(metrics)
         return out
+
+    def _step(self, mb: Batch, window: int | None) -> dict[str, float]:
+        """One optimiser step; its metrics as floats (which is where an OOM surfaces)."""
+        try:
+            return {k: float(v) for k, v in
+                    _mini_batch_step(self.model, self.optimizer, mb, self.cfg, window).items()}
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            b, t = mb.tokens_BT.shape
+            micro = self.cfg.micro_batch_size or b
+            raise MemoryError(
+                f"Out of memory in the learner update ({b} step samples x {t} tokens, gradients "
+                f"over micro-batches of {micro}). Accumulate over smaller micro-batches: set "
+                f"rl.micro_batch_size to a smaller divisor of {b} (e.g. "
+                f"--config.rl.micro_batch_size={max(1, micro // 4)}), or shorten prompts "
+                "(prompt.history_length, prompt.max_prompt_tokens).") from e

@@ -152,6 +152,26 @@ def test_update_reports_the_issue_metrics():
         assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
 
 
+def test_out_of_memory_names_the_fix(monkeypatch):
+    """An OOM in the update (raised when its metrics are read) says which config key helps."""
+    from skilljax.rl import learner as learner_mod
+
+    def oom(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 123 bytes.")
+
+    _, model = models.load("tiny", num_layers=1, seed=0)
+    monkeypatch.setattr(learner_mod, "_mini_batch_step", oom)
+    with pytest.raises(MemoryError, match=r"micro_batch_size=2\b.*history_length"):
+        Learner(model, LearnerConfig(micro_batch_size=8)).update(random_batch())
+
+    def other(*args):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    monkeypatch.setattr(learner_mod, "_mini_batch_step", other)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        Learner(model, LearnerConfig()).update(random_batch())
+
+
 def prompt_response_batch(b=6, t=64, seed=0):
     """Step samples as the rollout makes them: prompts of different lengths, then a response of
     1–12 tokens, then right padding."""
