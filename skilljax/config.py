@@ -94,7 +94,8 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
     G = 8 rollouts per task, 16 tasks per step, token-mean loss, no KL, entropy 0.001.
     `arg.cpu`: the CPU-scale run instead — a tiny policy trained from scratch with a tokenizer on
     the env's text and a supervised warm start on expert episodes, then the same arms; `cpu` holds
-    that env's task options and sizes (`micro_batch_size`: accumulate gradients over micro-batches
+    that env's task options and sizes (`horizon`: a shorter step limit T for the easier CPU-scale
+    tasks; `micro_batch_size`: accumulate gradients over micro-batches
     of that many step samples, for envs whose long prompts would not fit one batch in memory).
     `arg.runlocal`: a two-minute smoke run.
     """
@@ -136,6 +137,7 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
 
     if arg.cpu or arg.runlocal:
         c.env.update(workers=2, train_tasks=cpu["train_tasks"], task_options=cpu["task_options"])
+        c.env.kwargs.max_steps = c.rl.max_turns = cpu.get("horizon", horizon)
         c.tokenizer.update(vocab_size=1024, corpus_tasks=200)
         c.model.update(checkpoint="tiny", dtype="float32",
                        overrides=dict(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
