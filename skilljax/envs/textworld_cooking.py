@@ -19,8 +19,9 @@ when nobody holds its lock. `prepare(tasks)` (or `background=False`) waits for a
 Play: the game's own replies, without the ASCII banner, prompt and status line. `info["valid"]`
 says whether the command was admissible; a non-admissible command still costs a step and reaches
 the game when its verb is one the game knows (so the reply explains), never otherwise (restart,
-undo, ... would desync TextWorld's state tracking). `info` also carries the command's verb, object
-and target and whether it scored ("progress"), for rule-based skill projections (ReuseRL app. F.2).
+undo, ... would desync TextWorld's state tracking). Control characters in a command become spaces
+(the interpreter takes some as hot keys). `info` also carries the command's verb, object and
+target and whether it scored ("progress"), for rule-based skill projections (ReuseRL app. F.2).
 """
 
 from __future__ import annotations
@@ -277,6 +278,9 @@ class TextWorldCooking(Env):
     def step(self, action: str) -> StepResult:
         if self._state is None or self._done:
             raise EnvError("TextWorldCooking.step called before reset or after the episode ended.")
+        # Control characters become spaces: the interpreter reads some as hot keys (Ctrl-N turns
+        # on command recording to a file named by the rest of the line, in the working directory).
+        action = "".join(ch if ch.isprintable() else " " for ch in action)
         command = " ".join(action.strip().strip("`'\".").lower().split())
         admissible = self.admissible_actions()
         verb, obj, target = parse_command(command)

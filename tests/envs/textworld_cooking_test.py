@@ -214,6 +214,20 @@ def test_invalid_actions_cost_a_step_and_the_limit_truncates(games):
     env.close()
 
 
+def test_control_characters_are_not_interpreter_hot_keys(games, tmp_path, monkeypatch):
+    # A tiny policy sampled "dice orange bell\x0einventory": Ctrl-N is the interpreter's
+    # "recording on" hot key, which wrote a file named by the rest of the line into the cwd.
+    _, made = games
+    monkeypatch.chdir(tmp_path)
+    env = twc.TextWorldCooking()
+    env.reset(made["train"][0])
+    result = env.step("look\x0einventory\x01")
+    assert result.info["command"] == "look inventory"
+    assert "Recording" not in result.observation and "Hot key" not in result.observation
+    assert os.listdir(tmp_path) == []
+    env.close()
+
+
 def test_burning_an_ingredient_loses(games):
     _, made = games
     env = twc.TextWorldCooking()
