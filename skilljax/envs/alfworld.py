@@ -29,7 +29,8 @@ Cache: as `textworld_cooking`: a game is built in a private temp directory and r
 (whole or absent), under an exclusive `flock` per game so concurrent builders make it once; a
 crashed builder's lock dies with it. `make_tasks` generates nothing (each env worker builds its own
 games on `reset`, in parallel across the pool); `prepare(tasks)` builds them up front in separate
-processes. A game takes ~2-6 s to build (the expert must win it), ~1-2 s to load.
+processes. A game takes ~2-6 s to build (the expert must win it), ~1-2 s to load. TextWorld's grammar
+parses are memoized (`_memoize_text_grammar`): steps ~2x faster, text unchanged.
 """
 
 from __future__ import annotations
@@ -165,6 +166,37 @@ def _memoize_translation() -> None:
     fast_downward.pddl2sas = pddl2sas
 
 
+def _memoize_text_grammar() -> None:
+    """The PDDL env words every observation and admissible command through TextWorld's grammar,
+    which re-parses the same few hundred template strings (tatsu) thousands of times an episode:
+    ~60% of a step's time. Parse each once; hand out copies (derivation mutates the symbols)."""
+    import copy
+
+    from textworld.envs.pddl import textgen
+    from textworld.logic import Rule
+    if getattr(textgen._parse_and_convert, "_skilljax_memo", False):
+        return
+    parse, query = textgen._parse_and_convert, Rule.parse_conjunctive_query
+    parsed: dict = {}
+    queries: dict = {}
+
+    def parse_and_convert(text, rule_name, **kwargs):
+        if kwargs.get("trace"):  # TW_CSG_TRACE: let the parser print its trace
+            return parse(text, rule_name=rule_name, **kwargs)
+        if (text, rule_name) not in parsed:
+            parsed[text, rule_name] = parse(text, rule_name=rule_name)
+        return copy.deepcopy(parsed[text, rule_name])
+
+    def parse_conjunctive_query(expr):
+        if expr not in queries:
+            queries[expr] = query(expr)
+        return copy.deepcopy(queries[expr])
+
+    parse_and_convert._skilljax_memo = True
+    textgen._parse_and_convert = parse_and_convert
+    Rule.parse_conjunctive_query = staticmethod(parse_conjunctive_query)
+
+
 class _Player:
     """alfworld's PDDL env and wrappers, one game at a time, with the handcoded expert watching."""
 
@@ -175,6 +207,7 @@ class _Player:
         from textworld.envs import PddlEnv
 
         _memoize_translation()
+        _memoize_text_grammar()
         infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=True,
                                    extras=["gamefile"])
         self._pddl = PddlEnv(infos)  # one planner library copy per player, reused across games

@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -171,6 +172,38 @@ def test_invalid_actions_cost_a_step_and_the_limit_truncates(games):
     with pytest.raises(base.EnvError):
         env.step("look")
     env.close()
+
+
+_TRANSCRIPT = """
+import json, random, sys
+from skilljax.envs import alfworld as alf
+if sys.argv[1] == "plain":
+    alf._memoize_text_grammar = lambda: None
+env, out = alf.AlfWorld(), []
+for task in json.loads(sys.argv[2]):
+    rng = random.Random(0)
+    out.append(list(env.reset(alf.Task(**task))))
+    for _ in range(12):
+        result = env.step(rng.choice(env.admissible_actions()))
+        out.append([result.observation, result.info["admissible_actions"], env.expert_action()])
+        if result.done:
+            break
+print("TRANSCRIPT" + json.dumps(out))
+"""
+
+
+def test_memoized_grammar_words_the_game_identically(games):
+    # The grammar memo (~2x faster steps) must not change a single observation, admissible action
+    # or expert choice: play the same random actions with and without it.
+    _, tasks = games
+    arg = json.dumps([t.to_json() for t in tasks[:2]])
+    out = {}
+    for mode in ("plain", "memo"):
+        proc = subprocess.run([sys.executable, "-c", _TRANSCRIPT, mode, arg], capture_output=True,
+                              text=True, timeout=300, check=True)
+        out[mode] = proc.stdout.split("TRANSCRIPT", 1)[1]
+    assert out["plain"] == out["memo"]
+    assert len(json.loads(out["memo"])) > 10
 
 
 def test_cache_is_reused(games):
