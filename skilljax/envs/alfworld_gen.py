@@ -144,7 +144,11 @@ def combos(task_type: str, split: str) -> tuple[tuple, ...]:
             continue
         for o in targets:
             for dest in sorted(rtypes):
-                if _holds(dest, o) and dest != _APPLIANCE.get(task_type):
+                # The target never starts in its destination type (`_place`), so it needs another
+                # receptacle type to start in (a bathroom whose only plunger holder is the cabinet
+                # would get no plunger and an unreachable goal).
+                starts = {t for t in rtypes if _holds(t, o)} - {dest}
+                if _holds(dest, o) and dest != _APPLIANCE.get(task_type) and starts:
                     out.append((fp, o, dest))
     if split != "valid_unseen":
         seen = split == "valid_seen"
@@ -215,6 +219,9 @@ def _place(s: dict[str, Any], attempt: int) -> dict[str, Any]:
             rtype = rng.choice(host_types)
             objects.append((oid, otype))
             placed.append((oid, rng.choice([rid for rid, rt in hosts if rt == rtype])))
+    if not any(t == s["object"] for _, t in objects):
+        raise ValueError(f"no receptacle of floor plan {s['floor_plan']} can hold the target "
+                         f"{s['object']} outside its destination: {s} is unreachable")
     lamps = []
     stands = [(rid, rt) for rid, rt in receptacles if rt in _LAMP_STANDS]
     for lamp in r["lamps"] if stands else ():
