@@ -24,7 +24,9 @@ targets only the held-out object types, which never appear in train or valid_see
 
 Generation writes the files, then plays the game with the handcoded expert and keeps it only if the
 expert wins within `MAX_EXPERT_STEPS`; otherwise it re-places the objects (a deterministic sequence
-of attempts), so the same task always yields the same game.
+of attempts), so the same task always yields the same game. A spec none of whose placements the
+expert wins (rare: 1 in ~1,000) is replaced by a stand-in of the same type (`substitute`) in the
+same task slot; its traj_data.json records both specs.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ SEEN_EVERY = 8            # 1 in 8 training-room combinations is held out for va
 HELD_OUT_OBJECTS = frozenset({"Potato", "Cup", "Watch", "CellPhone", "Vase", "SoapBar"})
 MAX_EXPERT_STEPS = 40     # the episode limit is 50; leave room for a few mistakes
 ATTEMPTS = 10
+SUBSTITUTES = 5           # stand-in combinations tried when no placement of a spec is won
 _STOVE_BURNERS = 4        # layouts list no burners; AI2-THOR kitchens have four
 _APPLIANCE = {"pick_heat_then_place_in_recep": "Microwave",
               "pick_cool_then_place_in_recep": "Fridge",
@@ -167,6 +170,18 @@ def spec(task_type: str, split: str, seed: int, index: int) -> dict[str, Any]:
     return {"task_type": task_type, "split": split, "floor_plan": fp, "object": obj,
             "receptacle": "" if toggle else dest, "toggle": toggle,
             "game_seed": rng.getrandbits(31)}
+
+
+def substitute(s: dict[str, Any], k: int) -> dict[str, Any]:
+    """The k-th stand-in (k >= 1) for a spec whose every placement the expert failed to win within
+    MAX_EXPERT_STEPS: another combination of the same type and split, drawn from the spec's seed.
+    (Two-object tasks in the big kitchens take the expert 53-120 steps whatever the placement: it
+    opens a dozen drawers before it reaches the counters.)"""
+    rng = random.Random(f"{s['game_seed']}/substitute/{k}")
+    fp, obj, dest = rng.choice(combos(s["task_type"], s["split"]))
+    toggle = dest if s["task_type"] == "look_at_obj_in_light" else ""
+    return dict(s, floor_plan=fp, object=obj, receptacle="" if toggle else dest, toggle=toggle,
+                game_seed=rng.getrandbits(31))
 
 
 def dir_name(s: dict[str, Any]) -> str:

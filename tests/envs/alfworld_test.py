@@ -135,6 +135,34 @@ def test_game_files_are_written_like_real_ones(games):
         assert traj["pddl_params"]["object_target"] == task.payload["spec"]["object"]
 
 
+def test_a_spec_the_expert_cannot_win_gets_a_stand_in(tmp_path, monkeypatch):
+    # Two soap bottles into the garbage can of floor plan 16 (a kitchen with a dozen drawers): the
+    # handcoded expert needs 53-120 steps whatever the placement (measured over 20 placements), so
+    # no placement is kept; a combination of the same type takes the slot. One placement each here.
+    unwinnable = {"task_type": "pick_two_obj_and_place", "split": "valid_seen", "floor_plan": 16,
+                  "object": "SoapBottle", "receptacle": "GarbageCan", "toggle": "",
+                  "game_seed": 1160334818}
+    monkeypatch.setattr(gen, "ATTEMPTS", 1)
+    game_file = str(tmp_path / "trial" / "game.tw-pddl")
+    assert alf.generate({"spec": unwinnable, "game_file": game_file})
+    with open(os.path.join(os.path.dirname(game_file), "traj_data.json")) as f:
+        traj = json.load(f)
+    used = traj["skilljax_spec"]
+    assert traj["skilljax_requested"] == unwinnable and used != unwinnable
+    assert used in [gen.substitute(unwinnable, k) for k in range(1, gen.SUBSTITUTES + 1)]
+    assert used["task_type"] == "pick_two_obj_and_place" and used["split"] == "valid_seen"
+    assert (used["floor_plan"], used["object"], used["receptacle"]) in gen.combos(
+        "pick_two_obj_and_place", "valid_seen")
+    with open(game_file) as f:
+        data = json.load(f)
+    assert data["solvable"] and len(data["walkthrough"]) <= gen.MAX_EXPERT_STEPS
+    assert f"two {used['object'].lower()}" in data["grammar"].lower()
+    monkeypatch.setattr(gen, "MAX_EXPERT_STEPS", 1)  # now nothing can be won: a clear error
+    with pytest.raises(base.EnvError, match="won none of 1 placements .* nor of its 5 stand-ins"):
+        alf.generate({"spec": unwinnable, "game_file": str(tmp_path / "other" / "game.tw-pddl")})
+    assert not os.path.exists(tmp_path / "other")  # nothing half-built is left
+
+
 def task_dir_type(trial):
     return alf.task_type_of(trial)
 
