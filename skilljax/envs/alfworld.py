@@ -277,9 +277,6 @@ _PLAYER: _Player | None = None
 def _build(s: dict[str, Any], out_dir: str) -> None:
     """Writes the game and its traj_data into out_dir once the handcoded expert has won it: the
     first won placement of the spec, or else of its stand-ins (`alfworld_gen.substitute`)."""
-    global _PLAYER
-    _PLAYER = _PLAYER or _Player()
-    game_file = os.path.join(out_dir, "game.tw-pddl")
     for k in range(gen.SUBSTITUTES + 1):
         used = gen.substitute(s, k) if k else s
         traj = gen.traj_data(used)
@@ -287,24 +284,34 @@ def _build(s: dict[str, Any], out_dir: str) -> None:
             traj["skilljax_requested"] = s
         with open(os.path.join(out_dir, "traj_data.json"), "w") as f:
             json.dump(traj, f)
-        for attempt in range(gen.ATTEMPTS):
-            data = gen.game_data(used, attempt)
-            with open(game_file, "w") as f:
-                json.dump(data, f)
-            _PLAYER.game_file = None
-            _PLAYER.load(game_file)
-            _PLAYER.reset(seed=used["game_seed"])
-            walkthrough = []
-            while len(walkthrough) < gen.MAX_EXPERT_STEPS and not _PLAYER.expert_failed:
-                walkthrough.append(_PLAYER.plan)
-                _PLAYER.step(walkthrough[-1])
-                if _PLAYER.state["won"]:
-                    data.update(solvable=True, walkthrough=walkthrough, attempt=attempt)
-                    with open(game_file, "w") as f:
-                        json.dump(data, f)
-                    return
+        if _place_until_won(used, os.path.join(out_dir, "game.tw-pddl")):
+            return
     raise EnvError(f"the handcoded expert won none of {gen.ATTEMPTS} placements of {s} nor of "
                    f"its {gen.SUBSTITUTES} stand-ins within {gen.MAX_EXPERT_STEPS} steps")
+
+
+def _place_until_won(s: dict[str, Any], game_file: str) -> bool:
+    """Writes placements of `s` to game_file until the expert wins one (then stores its walkthrough);
+    False when it wins none of them."""
+    global _PLAYER
+    _PLAYER = _PLAYER or _Player()
+    for attempt in range(gen.ATTEMPTS):
+        data = gen.game_data(s, attempt)
+        with open(game_file, "w") as f:
+            json.dump(data, f)
+        _PLAYER.game_file = None
+        _PLAYER.load(game_file)
+        _PLAYER.reset(seed=s["game_seed"])
+        walkthrough = []
+        while len(walkthrough) < gen.MAX_EXPERT_STEPS and not _PLAYER.expert_failed:
+            walkthrough.append(_PLAYER.plan)
+            _PLAYER.step(walkthrough[-1])
+            if _PLAYER.state["won"]:
+                data.update(solvable=True, walkthrough=walkthrough, attempt=attempt)
+                with open(game_file, "w") as f:
+                    json.dump(data, f)
+                return True
+    return False
 
 
 def generate(payload: dict[str, Any]) -> bool:

@@ -165,6 +165,10 @@ def spec(task_type: str, split: str, seed: int, index: int) -> dict[str, Any]:
     choices = combos(task_type, split)
     if not choices:
         raise ValueError(f"no {task_type} combinations in split {split!r}")
+    return _draw(task_type, split, choices, rng)
+
+
+def _draw(task_type: str, split: str, choices, rng: random.Random) -> dict[str, Any]:
     fp, obj, dest = rng.choice(choices)
     toggle = dest if task_type == "look_at_obj_in_light" else ""
     return {"task_type": task_type, "split": split, "floor_plan": fp, "object": obj,
@@ -178,10 +182,7 @@ def substitute(s: dict[str, Any], k: int) -> dict[str, Any]:
     (Two-object tasks in the big kitchens take the expert 53-120 steps whatever the placement: it
     opens a dozen drawers before it reaches the counters.)"""
     rng = random.Random(f"{s['game_seed']}/substitute/{k}")
-    fp, obj, dest = rng.choice(combos(s["task_type"], s["split"]))
-    toggle = dest if s["task_type"] == "look_at_obj_in_light" else ""
-    return dict(s, floor_plan=fp, object=obj, receptacle="" if toggle else dest, toggle=toggle,
-                game_seed=rng.getrandbits(31))
+    return _draw(s["task_type"], s["split"], combos(s["task_type"], s["split"]), rng)
 
 
 def dir_name(s: dict[str, Any]) -> str:
