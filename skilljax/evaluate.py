@@ -62,11 +62,16 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
     """{"with_skills": block, "without_skills": block}; blocks as the module docstring says.
 
     Every task is played `samples_per_task` times per seed (the rollout group), with the given
-    skill contexts (task type → text) or none.
+    skill contexts (task type → text) or none. When no task has skill text (skills off, as in
+    ReuseRL runs), both modes are the same episodes: they are played once and both keys hold them.
     """
     cfg = dataclasses.replace(cfg, group_size=samples_per_task)
+    same = not any((contexts or {}).get(t.type, "").strip() for t in tasks)
     out = {}
     for mode in modes:
+        if same and out:
+            out[mode] = next(iter(out.values()))
+            continue
         results = []
         for j, seed in enumerate(seeds):
             key = jax.random.fold_in(rng, j)

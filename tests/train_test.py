@@ -200,6 +200,34 @@ def test_reuse_step_on_expert_episodes():
                                 res)[0] == []
 
 
+def test_evaluation_plays_once_when_no_task_has_skill_text(monkeypatch):
+    import jax
+
+    from skilljax import evaluate
+    from skilljax.envs.chores import Chores
+    from skilljax.envs.pool import EnvPool
+    from skilljax.rl.rollout import RolloutConfig, ThinkAction
+    from skilljax.tokenizer import Tokenizer
+
+    played, real = [], evaluate.rollout
+
+    def expert_rollout(sampler, tok, pool, tasks, cfg, key, **kw):  # the real loop, expert-driven
+        played.append(kw["skill_context"])
+        return real(None, tok, pool, tasks, cfg, key, expert=True, **kw)
+
+    monkeypatch.setattr(evaluate, "rollout", expert_rollout)
+    tok = Tokenizer.train(["take use put go to"], vocab_size=300)
+    tasks = Chores.make_tasks("test", 4, seed=1)
+    with EnvPool("chores", num_workers=1) as pool:
+        for contexts, plays in (({}, 1), (None, 1), ({tasks[0].type: "use the sink"}, 2)):
+            played.clear()
+            out = evaluate.evaluate_policy(None, tok, pool, tasks, RolloutConfig(max_turns=8),
+                                           jax.random.key(0), contexts=contexts,
+                                           fmt=ThinkAction(require_think=False))
+            assert len(played) == plays and set(out) == {"with_skills", "without_skills"}
+            assert out["with_skills"]["success_rate"] == out["without_skills"]["success_rate"] == 1
+
+
 @pytest.mark.parametrize("name", ["countdown",
                                   # ~70 s each (game generation, alfworld's engine): slow suite.
                                   pytest.param("textworld_cooking", marks=pytest.mark.slow),

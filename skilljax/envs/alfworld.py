@@ -9,7 +9,8 @@ Two sources of games, played the same way:
   affordance tables, goal library, domain and grammar the wheel ships, cached under
   `$SKILLJAX_CACHE/alfworld/json_2.1.1/<split>/...` in the same layout as the real data.
 `source="auto"` (default) plays the real games when `$ALFWORLD_DATA` has the split, else
-synthesized ones. Splits: "train", "valid_seen" (ALFWorld's in-distribution evaluation, which SKILL0
+synthesized ones. Task option `max_receptacles` (synthesized games only): rooms of at most that many
+receptacles, a shorter search for small policies (20 keeps all six types: four kitchens). Splits: "train", "valid_seen" (ALFWorld's in-distribution evaluation, which SKILL0
 reports), "valid_unseen" (out-of-distribution); "test" means "valid_seen".
 
 Play: alfworld's TextWorld PDDL environment with its wrappers (`AlfredDemangler`, `AlfredInfos`),
@@ -125,13 +126,20 @@ def real_tasks(split: str, num: int | None, seed: int = 0,
     return out
 
 
-def synth_tasks(split: str, num: int, seed: int = 0, cache_dir: str | None = None) -> list[Task]:
-    """The deterministic synthesized task list (types in turn), generating nothing."""
+def synth_tasks(split: str, num: int, seed: int = 0, cache_dir: str | None = None,
+                max_receptacles: int | None = None) -> list[Task]:
+    """The deterministic synthesized task list (types in turn), generating nothing; with
+    `max_receptacles`, only rooms of at most that many receptacles (`alfworld_gen.choices`)."""
     split = _split(split)
+    if max_receptacles is not None and (isinstance(max_receptacles, bool)
+                                        or not isinstance(max_receptacles, int)
+                                        or max_receptacles < 1):
+        raise ValueError(f"max_receptacles must be a positive integer or None, got "
+                         f"{max_receptacles!r}")
     cache_dir = os.path.abspath(cache_dir or default_cache_dir())
     out = []
     for i in range(num):
-        s = gen.spec(TASK_TYPES[i % len(TASK_TYPES)], split, seed, i)
+        s = gen.spec(TASK_TYPES[i % len(TASK_TYPES)], split, seed, i, max_receptacles)
         digest = hashlib.sha256(json.dumps([s, _GENERATOR_VERSION], sort_keys=True).encode())
         trial = os.path.join(cache_dir, "json_2.1.1", split, gen.dir_name(s),
                              f"trial_{digest.hexdigest()[:12]}")
@@ -335,7 +343,7 @@ def prepare(task_list: list[Task], workers: int = GENERATION_WORKERS) -> int:
             path = os.path.join(tmp, f"payloads-{w}.json")
             with open(path, "w") as f:
                 json.dump(missing[w::workers], f)
-            procs.append(subprocess.Popen([sys.executable, "-m", __name__, "--worker", path],
+            procs.append(subprocess.Popen([sys.executable, "-m", "skilljax.envs.alfworld", "--worker", path],
                                           env=env, stdout=subprocess.PIPE, text=True))
         errors = []
         for proc in procs:
@@ -369,15 +377,19 @@ class AlfWorld(Env):
     @classmethod
     def make_tasks(cls, split: str, num: int, seed: int = 0, source: str = "auto",
                    data_dir: str | None = None, cache_dir: str | None = None,
-                   pregenerate: bool = False) -> list[Task]:
+                   pregenerate: bool = False, max_receptacles: int | None = None) -> list[Task]:
         """`num` tasks (fewer if the real data has fewer solvable games); see the module docstring."""
         if source not in ("auto", "real", "synth"):
             raise ValueError(f"source must be 'auto', 'real' or 'synth', got {source!r}")
         data_dir = data_dir or os.environ.get("ALFWORLD_DATA", "")
         if source == "real" or (source == "auto" and data_dir and os.path.isdir(
                 os.path.join(data_dir, "json_2.1.1", _split(split)))):
+            if max_receptacles is not None:
+                raise ValueError("max_receptacles picks rooms for synthesized games; the real "
+                                 "games of ALFWORLD_DATA are used as they are (drop the option, "
+                                 "or pass source='synth').")
             return real_tasks(split, num, seed, data_dir)
-        task_list = synth_tasks(split, num, seed, cache_dir)
+        task_list = synth_tasks(split, num, seed, cache_dir, max_receptacles)
         if pregenerate:
             prepare(task_list)
         return task_list
@@ -468,11 +480,13 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=GENERATION_WORKERS)
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--max-receptacles", type=int, default=None,
+                   help="only rooms of at most this many receptacles (a task option)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:
         return _worker(a.worker)
-    task_list = synth_tasks(a.split, a.num, a.seed, a.cache_dir)
+    task_list = synth_tasks(a.split, a.num, a.seed, a.cache_dir, a.max_receptacles)
     print(json.dumps({"built": prepare(task_list, a.workers), "tasks": len(task_list)}))
 
 

@@ -159,21 +159,45 @@ def combos(task_type: str, split: str) -> tuple[tuple, ...]:
     return tuple(out)
 
 
-def spec(task_type: str, split: str, seed: int, index: int) -> dict[str, Any]:
-    """The task's targets and generation seed (no files)."""
-    rng = random.Random(f"alfworld/{task_type}/{split}/{seed}/{index}")
-    choices = combos(task_type, split)
-    if not choices:
+def room_size(floor_plan: int) -> int:
+    """The number of receptacle instances the agent can go to (kitchens 16-54, other rooms 6-35)."""
+    return len(room(floor_plan)["receptacles"])
+
+
+def choices(task_type: str, split: str, max_receptacles: int | None = None) -> tuple[tuple, ...]:
+    """`combos`, restricted to rooms of at most `max_receptacles` receptacles when given."""
+    out = combos(task_type, split)
+    if max_receptacles is not None:
+        out = tuple(x for x in out if room_size(x[0]) <= max_receptacles)
+        if not out:
+            need = min(room_size(x[0]) for x in combos(task_type, split))
+            raise ValueError(f"max_receptacles={max_receptacles} leaves no {task_type} task in "
+                             f"split {split!r}: its smallest room has {need} receptacles; raise "
+                             "max_receptacles to at least that (or leave it unset).")
+    elif not out:
         raise ValueError(f"no {task_type} combinations in split {split!r}")
-    return _draw(task_type, split, choices, rng)
+    return out
 
 
-def _draw(task_type: str, split: str, choices, rng: random.Random) -> dict[str, Any]:
-    fp, obj, dest = rng.choice(choices)
+def spec(task_type: str, split: str, seed: int, index: int,
+         max_receptacles: int | None = None) -> dict[str, Any]:
+    """The task's targets and generation seed (no files). With `max_receptacles` the room is one of
+    at most that many receptacles (a smaller search; the spec records the cap, so its stand-ins
+    keep it)."""
+    rng = random.Random(f"alfworld/{task_type}/{split}/{seed}/{index}")
+    return _draw(task_type, split, max_receptacles, rng)
+
+
+def _draw(task_type: str, split: str, max_receptacles: int | None,
+          rng: random.Random) -> dict[str, Any]:
+    fp, obj, dest = rng.choice(choices(task_type, split, max_receptacles))
     toggle = dest if task_type == "look_at_obj_in_light" else ""
-    return {"task_type": task_type, "split": split, "floor_plan": fp, "object": obj,
-            "receptacle": "" if toggle else dest, "toggle": toggle,
-            "game_seed": rng.getrandbits(31)}
+    s = {"task_type": task_type, "split": split, "floor_plan": fp, "object": obj,
+         "receptacle": "" if toggle else dest, "toggle": toggle,
+         "game_seed": rng.getrandbits(31)}
+    if max_receptacles is not None:  # absent otherwise: uncapped specs (and their games) unchanged
+        s["max_receptacles"] = max_receptacles
+    return s
 
 
 def substitute(s: dict[str, Any], k: int) -> dict[str, Any]:
@@ -182,7 +206,7 @@ def substitute(s: dict[str, Any], k: int) -> dict[str, Any]:
     (Two-object tasks in the big kitchens take the expert 53-120 steps whatever the placement: it
     opens a dozen drawers before it reaches the counters.)"""
     rng = random.Random(f"{s['game_seed']}/substitute/{k}")
-    return _draw(s["task_type"], s["split"], combos(s["task_type"], s["split"]), rng)
+    return _draw(s["task_type"], s["split"], s.get("max_receptacles"), rng)
 
 
 def dir_name(s: dict[str, Any]) -> str:

@@ -79,6 +79,29 @@ def test_task_lists_are_deterministic_balanced_and_serialisable(tmp_path):
         assert set(alf.TASK_TYPES) <= set(json.load(f)["task_to_skill"])
 
 
+def test_max_receptacles_keeps_small_rooms_and_every_type(tmp_path):
+    capped = alf.synth_tasks("train", 60, seed=0, cache_dir=str(tmp_path), max_receptacles=20)
+    assert [t.type for t in capped] == list(alf.TASK_TYPES) * 10  # 20 keeps all six types
+    for t in capped:
+        assert gen.room_size(t.payload["spec"]["floor_plan"]) <= 20
+        assert t.payload["spec"]["max_receptacles"] == 20
+        for k in (1, 2):  # a stand-in keeps the cap
+            assert gen.room_size(gen.substitute(t.payload["spec"], k)["floor_plan"]) <= 20
+    plain = alf.synth_tasks("train", 60, seed=0, cache_dir=str(tmp_path))
+    assert max(gen.room_size(t.payload["spec"]["floor_plan"]) for t in plain) > 20
+    assert "max_receptacles" not in plain[0].payload["spec"]  # uncapped specs (and games) as before
+    assert not {t.payload["game_file"] for t in plain} & {t.payload["game_file"] for t in capped}
+    with pytest.raises(ValueError, match="pick_heat_then_place_in_recep .* smallest room has 16"):
+        alf.synth_tasks("train", 6, max_receptacles=12)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            alf.synth_tasks("train", 6, max_receptacles=bad)
+    (tmp_path / "data" / "json_2.1.1" / "train").mkdir(parents=True)
+    with pytest.raises(ValueError, match="real games"):
+        alf.AlfWorld.make_tasks("train", 6, data_dir=str(tmp_path / "data"), max_receptacles=20)
+    assert not os.listdir(tmp_path / "data" / "json_2.1.1" / "train")
+
+
 def test_unseen_split_holds_out_floor_plans_and_object_types():
     train, unseen = set(gen.floor_plans("train")), set(gen.floor_plans("valid_unseen"))
     assert train and unseen and not train & unseen
