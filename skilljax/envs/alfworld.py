@@ -9,9 +9,10 @@ Two sources of games, played the same way:
   affordance tables, goal library, domain and grammar the wheel ships, cached under
   `$SKILLJAX_CACHE/alfworld/json_2.1.1/<split>/...` in the same layout as the real data.
 `source="auto"` (default) plays the real games when `$ALFWORLD_DATA` has the split, else
-synthesized ones. Task option `max_receptacles` (synthesized games only): rooms of at most that many
-receptacles, a shorter search for small policies (20 keeps all six types: four kitchens). Splits: "train", "valid_seen" (ALFWorld's in-distribution evaluation, which SKILL0
-reports), "valid_unseen" (out-of-distribution); "test" means "valid_seen".
+synthesized ones. Splits: "train", "valid_seen" (ALFWorld's in-distribution evaluation, which SKILL0
+reports), "valid_unseen" (out-of-distribution); "test" means "valid_seen". Task option
+`max_receptacles` (synthesized games only): rooms of at most that many receptacles, a shorter
+search for small policies (20 keeps all six types: four kitchens).
 
 Play: alfworld's TextWorld PDDL environment with its wrappers (`AlfredDemangler`, `AlfredInfos`),
 as `AlfredTWEnv` builds it; the observations are the engine's text unchanged ("-= Welcome to
@@ -343,8 +344,8 @@ def prepare(task_list: list[Task], workers: int = GENERATION_WORKERS) -> int:
             path = os.path.join(tmp, f"payloads-{w}.json")
             with open(path, "w") as f:
                 json.dump(missing[w::workers], f)
-            procs.append(subprocess.Popen([sys.executable, "-m", "skilljax.envs.alfworld", "--worker", path],
-                                          env=env, stdout=subprocess.PIPE, text=True))
+            cmd = [sys.executable, "-m", "skilljax.envs.alfworld", "--worker", path]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
         errors = []
         for proc in procs:
             out, _ = proc.communicate()

@@ -164,6 +164,7 @@ def room_size(floor_plan: int) -> int:
     return len(room(floor_plan)["receptacles"])
 
 
+@functools.lru_cache(maxsize=None)
 def choices(task_type: str, split: str, max_receptacles: int | None = None) -> tuple[tuple, ...]:
     """`combos`, restricted to rooms of at most `max_receptacles` receptacles when given."""
     out = combos(task_type, split)
