@@ -23,7 +23,7 @@ import numpy as np
 
 from skilljax.envs.base import Task
 from skilljax.envs.pool import EnvPool
-from skilljax.rl.rollout import PROMPT_PARTS, RolloutConfig, behaviour_stats, rollout
+from skilljax.rl.rollout import PROMPT_PARTS, RolloutConfig, behaviour_stats, rollout, skill_text
 from skilljax.sampling import Sampler
 from skilljax.tokenizer import Tokenizer
 
@@ -66,7 +66,7 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
     ReuseRL runs), both modes are the same episodes: they are played once and both keys hold them.
     """
     cfg = dataclasses.replace(cfg, group_size=samples_per_task)
-    same = not any((contexts or {}).get(t.type, "").strip() for t in tasks)
+    same = not any(skill_text(contexts, t).strip() for t in tasks)
     out = {}
     for mode in modes:
         if same and out:

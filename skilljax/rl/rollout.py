@@ -223,7 +223,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     seeds = list(seeds) if seeds is not None else list(range(n_groups))
     trajs = [Trajectory(task, i // g, seeds[i // g]) for i, task in
              enumerate(t for t in tasks for _ in range(g))]
-    contexts = [_context(skill_context, t.task) for t in trajs]
+    contexts = [skill_text(skill_context, t.task) for t in trajs]
     params = dataclasses.replace(cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids
                                  or tok.stop_ids)
     t_start = time.perf_counter()
@@ -352,7 +352,8 @@ def _perturb(out: SampleOutput, tok: Tokenizer, fmt, acts: Mapping[int, str], li
     return done
 
 
-def _context(skill_context, task: Task) -> str:
+def skill_text(skill_context, task: Task) -> str:
+    """The skill text `rollout` puts in a task's prompts ("" for none)."""
     if skill_context is None:
         return ""
     if callable(skill_context):
