@@ -96,9 +96,7 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
     the env's text and a supervised warm start on expert episodes, then the same arms; `cpu` holds
     that env's task options and sizes (`horizon`: a shorter step limit T for the easier CPU-scale
     tasks; `micro_batch_size`: accumulate gradients over micro-batches
-    of that many step samples, for envs whose long prompts would not fit one batch in memory;
-    `show_admissible`: list the admissible commands in the prompt; `eval_temperature`: sample the
-    evaluations at it instead of greedily).
+    of that many step samples, for envs whose long prompts would not fit one batch in memory).
     `arg.runlocal`: a two-minute smoke run.
     """
     if not (arg.checkpoint or arg.cpu or arg.runlocal):
@@ -145,8 +143,8 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
                        overrides=dict(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
                                       num_kv_heads=4, head_dim=32))
         c.prompt.update(role="", history_length=cpu.get("history_length", 0),
-                        show_admissible=cpu.get("show_admissible", False), require_think=False,
-                        instruction="", max_prompt_tokens=None)
+                        show_admissible=False, require_think=False, instruction="",
+                        max_prompt_tokens=None)
         c.sft.update(steps=cpu.get("sft_steps", 2000), batch_size=16, learning_rate=3e-3,
                      warmup_steps=20, tasks=cpu.get("sft_tasks", 1500), check_every=250,
                      task_options=cpu["task_options"], expert_noise=cpu.get("expert_noise", 0.0))
@@ -154,8 +152,7 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
                     learning_rate=5e-4, micro_batch_size=cpu.get("micro_batch_size"),
                     entropy_coef=0.0,
                     drop_zero_advantage=True)
-        c.eval.update(tasks=60, seeds=1, temperature=cpu.get("eval_temperature", 0.0), top_p=1.0,
-                      top_k=0)
+        c.eval.update(tasks=60, seeds=1, temperature=0.0, top_p=1.0, top_k=0)
         c.checkpoint.every = 10
     if arg.runlocal:
         c.env.train_tasks = 12
