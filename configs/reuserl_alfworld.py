@@ -33,7 +33,8 @@ def get_config(arg=None):
                  role="You are an expert agent operating in the ALFRED embodied environment."),
         eval_sampling=dict(temperature=0.4),
         cpu=dict(train_tasks=300, history_length=2, sft_tasks=300, sft_steps=1000, horizon=40,
-                 task_options={}, micro_batch_size=64))
+                 task_options={"max_receptacles": 20}, micro_batch_size=64, expert_noise=0.2,
+                 expert_repeat=0.5))
     if not (arg.cpu or arg.runlocal):
         c.eval.update(samples_per_task=7, seeds=1)  # SC@7
     if arg.runlocal:

@@ -116,7 +116,7 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
     c.sft = dict(steps=0, batch_size=16, learning_rate=1e-5, warmup_steps=0, tasks=0,
                  check_every=0, target_heldout_nll=0.0, with_skills=False, task_options={},
                  without_skills_fraction=0.0, bare_task_options={}, expert_noise=0.0,
-                 cache_dir="")
+                 expert_repeat=0.0, cache_dir="")
     c.rl = dict(steps=300, tasks_per_step=16, group_size=8, max_turns=horizon,
                 max_new_tokens=512, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6,
                 weight_decay=0.0, grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
@@ -147,7 +147,8 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
                         max_prompt_tokens=None)
         c.sft.update(steps=cpu.get("sft_steps", 2000), batch_size=16, learning_rate=3e-3,
                      warmup_steps=20, tasks=cpu.get("sft_tasks", 1500), check_every=250,
-                     task_options=cpu["task_options"], expert_noise=cpu.get("expert_noise", 0.0))
+                     task_options=cpu["task_options"], expert_noise=cpu.get("expert_noise", 0.0),
+                     expert_repeat=cpu.get("expert_repeat", 0.0))
         c.rl.update(steps=cpu.get("rl_steps", 60), tasks_per_step=6, max_new_tokens=24,
                     learning_rate=5e-4, micro_batch_size=cpu.get("micro_batch_size"),
                     entropy_coef=0.0,

@@ -412,7 +412,7 @@ def warm_start_data(run: _Run):
     data = rollout(None, run.tok, run.pool, tasks + bare, cfg, jax.random.key(0),
                    skill_context=(lambda t: "" if t.id in bare_ids else text(t)) if text else None,
                    fmt=run.fmt, expert=True, expert_noise=float(c.sft.get("expert_noise", 0.0)),
-                   noise_seed=c.seed)
+                   expert_repeat=float(c.sft.get("expert_repeat", 0.0)), noise_seed=c.seed)
     held_data = rollout(None, run.tok, run.pool, held, cfg, jax.random.key(0), skill_context=text,
                         fmt=run.fmt, expert=True)
     samples = [s for s in data.samples if not s.perturbed]

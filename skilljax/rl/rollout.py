@@ -203,7 +203,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             cfg: RolloutConfig, rng: jax.Array, *, seeds: Sequence[int] | None = None,
             skill_context: Callable[[Task], str] | Mapping[str, str] | None = None,
             fmt=ThinkAction(), expert: bool = False, expert_noise: float = 0.0,
-            noise_seed: int = 0) -> RolloutResult:
+            expert_repeat: float = 0.0, noise_seed: int = 0) -> RolloutResult:
     """Plays every task `group_size` times; all members of a group get the same env seed.
 
     With `expert=True` the env's expert acts instead of the sampler (responses rendered by
@@ -211,13 +211,18 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     `expert_noise` > 0, each expert step is replaced with that probability by a random admissible
     action other than the expert's (drawn from `noise_seed`), marked `perturbed`: the expert's next
     steps then show how to recover from a mistake (noise injection, as in DART), which pure expert
-    episodes never do.
+    episodes never do. A share `expert_repeat` of the noisy steps repeats the episode's previous
+    action instead (when it differs from the expert's): the loop a greedy policy falls into, often
+    an action the env rejects, which random admissible actions never show.
     """
     if expert_noise and not expert:
         raise ValueError("expert_noise applies to expert rollouts only (expert=True).")
     if not 0.0 <= expert_noise < 1.0:
         raise ValueError(f"expert_noise={expert_noise} must be in [0, 1): the chance that a "
                          "random action replaces the expert's at a step.")
+    if not 0.0 <= expert_repeat <= 1.0:
+        raise ValueError(f"expert_repeat={expert_repeat} must be in [0, 1]: the share of noisy "
+                         "steps that repeat the previous action.")
     noise_rng = np.random.default_rng(noise_seed)
     n_groups, g = len(tasks), cfg.group_size
     seeds = list(seeds) if seeds is not None else list(range(n_groups))
@@ -252,7 +257,9 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             acts = pool.expert_actions(live)
             out = _expert_output(tok, fmt, acts, live)
             if expert_noise:
-                perturbed = _perturb(out, tok, fmt, acts, live, admissible, expert_noise, noise_rng)
+                last = {i: trajs[i].actions[-1] for i in live if trajs[i].actions}
+                perturbed = _perturb(out, tok, fmt, acts, live, admissible, expert_noise,
+                                     noise_rng, expert_repeat, last)
         else:
             out = sampler.generate([p.ids for p in prompts], params, key)
         sample_s += time.perf_counter() - t0
@@ -332,24 +339,39 @@ def _expert_output(tok: Tokenizer, fmt, acts: Mapping[int, str], live: list[int]
 
 
 def _perturb(out: SampleOutput, tok: Tokenizer, fmt, acts: Mapping[int, str], live: list[int],
-             admissible: dict, p: float, rng: np.random.Generator) -> set[int]:
+             admissible: dict, p: float, rng: np.random.Generator, repeat: float = 0.0,
+             last: Mapping[int, str] | None = None) -> set[int]:
     """Replaces, with probability `p` each, the expert's responses in `out` (in place; `acts`: its
-    actions) by a random other admissible action; returns the episodes perturbed."""
+    actions) by a random other admissible action, or with probability `repeat` of those by the
+    episode's previous action (`last`) where it differs from the expert's; returns the episodes
+    perturbed."""
     done = set()
     for j, i in enumerate(live):
         if rng.random() >= p:
             continue
+        prev = (last or {}).get(i, "")
+        if repeat and rng.random() < repeat and prev and not _same(prev, acts[i]):
+            _replace(out, j, _response_ids(tok, fmt, prev))
+            done.add(i)
+            continue
         if admissible.get(i) is None:
             raise ValueError("expert noise needs an env that lists its admissible actions "
                              "(info['admissible_actions']); set the noise to 0 for this env.")
-        others = [a for a in admissible[i] if a.strip().lower() != acts[i].strip().lower()]
+        others = [a for a in admissible[i] if not _same(a, acts[i])]
         if not others:
             continue
-        ids = _response_ids(tok, fmt, others[rng.integers(len(others))])
-        out.token_ids[j], out.logprobs[j] = ids, np.zeros(len(ids), np.float32)
-        out.lengths[j] = len(ids)
+        _replace(out, j, _response_ids(tok, fmt, others[rng.integers(len(others))]))
         done.add(i)
     return done
+
+
+def _same(a: str, b: str) -> bool:
+    return a.strip().lower() == b.strip().lower()
+
+
+def _replace(out: SampleOutput, j: int, ids: list[int]) -> None:
+    out.token_ids[j], out.logprobs[j] = ids, np.zeros(len(ids), np.float32)
+    out.lengths[j] = len(ids)
 
 
 def skill_text(skill_context, task: Task) -> str:

@@ -211,6 +211,30 @@ def test_expert_noise_marks_random_actions_and_the_expert_recovers(tok, pool):
                 expert=True, expert_noise=1.0)
 
 
+def test_expert_repeat_noise_repeats_the_previous_action(tok, pool):
+    tasks = Chores.make_tasks("train", 6, seed=3)
+    cfg = RolloutConfig(group_size=1, max_turns=30)
+    res = rollout(None, tok, pool, tasks, cfg, jax.random.key(0), expert=True, expert_noise=0.4,
+                  expert_repeat=1.0, noise_seed=1)
+    repeats = 0
+    for traj in res.trajectories:
+        steps = [res.samples[k] for k in traj.samples]
+        for before, s in zip(steps, steps[1:]):
+            if s.perturbed and s.action == before.action:
+                repeats += 1
+    perturbed = [s for s in res.samples if s.perturbed]
+    # Every noisy step repeats, except a first step (no previous action: a random admissible one)
+    # and a step where the expert itself would have repeated.
+    assert repeats > 0 and repeats >= 0.8 * len(perturbed)
+    # Repeats the env rejects are the states a greedy policy loops in; the expert goes on from
+    # them and still wins.
+    assert any(not v for t in res.trajectories for v in t.env_valid)
+    assert sum(t.won for t in res.trajectories) >= 4
+    with pytest.raises(ValueError, match="expert_repeat"):
+        rollout(None, tok, pool, tasks, cfg, jax.random.key(0), expert=True, expert_noise=0.1,
+                expert_repeat=1.5)
+
+
 def test_countdown_expert_noise_shows_rollback():
     from skilljax.envs.countdown import Countdown
     tasks = Countdown.make_tasks("train", 12, seed=0, max_numbers=3, max_target=100)
