@@ -10,13 +10,15 @@ SC@7 (majority of 7 samples) at temperature 0.4 on valid_seen (IID, 140 games) a
 (OOD, 134; `eval_split=valid_unseen`) (Table 1: SegCost 97.14 / 93.28). Skill projection: 5
 navigation/manipulation symbols (skills/projection.py). Games: `$ALFWORLD_DATA` or synthesized
 offline (needs `pip install -e .[envs]`).
-CPU scale (`cpu`): a tiny policy on synthesized games of all six types, warm-started for 1,000
-steps on the expert episodes of 300 games, with the last 2 turns as history and T = 40. The
-synthesized games' expert episodes take 5-40 steps (mean 16, 90th percentile 36, over 36 training
-games of seed 0), so T = 40 keeps every one of them winnable; 2 turns of history and the shorter
-T keep an RL step within the 2-core budget (as the TextWorld recipe). Measured: this recipe
-leaves the tiny policy at the floor (GRPO seed 0: 0.017 -> 0.000 on 60 valid_seen games, RL 27 s
-a step); see the README's ALFWorld paragraph before using it for the arms' comparison.
+CPU scale (`cpu`): a tiny policy on synthesized games of all six types in rooms of at most 20
+receptacles (task option `max_receptacles`; expert episodes 5-40 steps, mean 13), warm-started for
+2,000 steps on the expert episodes of 300 games, with the last 2 turns as history, the admissible
+commands in the prompt (as the paper's prompt) and T = 40. The warm-start episodes take a random
+admissible command 20 % of the time, half of those instead repeating the previous command (often
+rejected: "Nothing happens."), and the expert recovers (`sft.expert_noise`, `sft.expert_repeat`).
+Evaluation at the paper's temperature 0.4 (greedy decoding makes a repeated rejected command an
+absorbing loop), two episodes per game. Even so the policy starts near the floor (0.03-0.08 on
+60 valid_seen games): see the README's ALFWorld paragraph.
 
 Arguments: `checkpoint`, `cpu`, `runlocal`, `seed`, `eval_split`, `variant` (REUSE_VARIANTS).
 """
@@ -32,11 +34,14 @@ def get_config(arg=None):
         env=dict(name="alfworld", eval_tasks=140, history_length=50, test_split=arg.eval_split,
                  role="You are an expert agent operating in the ALFRED embodied environment."),
         eval_sampling=dict(temperature=0.4),
-        cpu=dict(train_tasks=300, history_length=2, sft_tasks=300, sft_steps=1000, horizon=40,
+        cpu=dict(train_tasks=300, history_length=2, sft_tasks=300, sft_steps=2000, horizon=40,
                  task_options={"max_receptacles": 20}, micro_batch_size=64, expert_noise=0.2,
                  expert_repeat=0.5))
     if not (arg.cpu or arg.runlocal):
         c.eval.update(samples_per_task=7, seeds=1)  # SC@7
+    if arg.cpu:
+        c.prompt.show_admissible = True
+        c.eval.update(temperature=0.4, seeds=2)
     if arg.runlocal:
         c.env.update(train_tasks=6, kwargs={"max_steps": 4})
         c.sft.update(tasks=3, steps=3)
