@@ -190,6 +190,9 @@ def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutCon
     return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
 
 
+LENGTH_MULTIPLE = 32  # learner batches: rows padded to a multiple of 32 tokens, few shapes to compile
+
+
 def pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
     """Pad the batch axis to a multiple (rows with no loss), so a run compiles few shapes."""
     b = arrays["tokens_BT"].shape[0]
@@ -585,7 +588,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                  active_skills=len(active), active_files=active,
                  budget=curriculum.budget(step) if curriculum is not None else 0)
         if keep:
-            arrays = collate([res.samples[i] for i in keep], adv[keep], run.tok.pad_id)
+            arrays = collate([res.samples[i] for i in keep], adv[keep], run.tok.pad_id,
+                             multiple=LENGTH_MULTIPLE)
             arrays = pad_rows(arrays, c.rl.batch_multiple)
             batch = learner_lib.Batch(**{k: shd.put_replicated(v, run.model.layout)
                                          for k, v in arrays.items()})

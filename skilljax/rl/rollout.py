@@ -386,9 +386,14 @@ def skill_text(skill_context, task: Task) -> str:
 # ---------------------------------------------------------------------------- learner batches
 
 def collate(samples: Sequence[StepSample], advantages: Sequence[float], pad_id: int,
-            length: int | None = None) -> dict[str, np.ndarray]:
-    """Step samples → right-padded arrays for `learner.Batch` (prompt then response per row)."""
-    t = length or max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+            length: int | None = None, multiple: int = 1) -> dict[str, np.ndarray]:
+    """Step samples → right-padded arrays for `learner.Batch` (prompt then response per row).
+
+    Rows are `length` long, or the longest sample rounded up to a `multiple` (the jitted update
+    then compiles one shape per multiple, not one per longest sample).
+    """
+    t = length or -(-max(len(s.prompt_ids) + len(s.response_ids) for s in samples) // multiple
+                    ) * multiple
     b = len(samples)
     tokens = np.full((b, t), pad_id, np.int32)
     loss_mask = np.zeros((b, t), np.float32)

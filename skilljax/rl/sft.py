@@ -63,9 +63,7 @@ _eval_nll = nnx.jit(response_nll, static_argnums=(4,))
 
 def _batch(samples: Sequence[StepSample], pad_id: int, multiple: int = 32):
     # Lengths rounded to a multiple (not a power of two): a few more compiles, much less padding.
-    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    length = -(-longest // multiple) * multiple
-    a = collate(samples, np.zeros(len(samples)), pad_id, length=length)
+    a = collate(samples, np.zeros(len(samples)), pad_id, multiple=multiple)
     return a["tokens_BT"], a["loss_mask_BT"], a["attn_mask_BT"]
 
 

@@ -139,6 +139,16 @@ def test_rollout_records_exactly_what_the_sampler_saw(tok, pool):
     mask = arrays["loss_mask_BT"] > 0
     np.testing.assert_allclose(np.asarray(logp)[mask], arrays["old_logp_BT"][mask], atol=2e-5)
     assert mask.sum() == sum(len(s.response_ids) for s in res.samples)
+    # Rounded up to a multiple of 32 tokens: the same rows, padded with nothing attended.
+    padded = collate(res.samples, np.zeros(len(res.samples)), tok.pad_id, multiple=32)
+    t = arrays["tokens_BT"].shape[1]
+    assert padded["tokens_BT"].shape[1] == -(-t // 32) * 32 >= t
+    for k, v in arrays.items():
+        if v.ndim == 1:  # per-row values (advantages)
+            np.testing.assert_array_equal(padded[k], v)
+            continue
+        np.testing.assert_array_equal(padded[k][:, :t], v)
+        assert not padded[k][:, t:].any() or k == "tokens_BT"
 
 
 def test_scripted_responses_valid_invalid_and_bytes(tok, pool):
