@@ -389,8 +389,8 @@ def warm_start_data(run: _Run):
     """The warm start's expert step samples: (training samples, which of them are skill-free,
     held-out samples). Held-out episodes all carry their procedure text (with `sft.with_skills`),
     so their NLL measures following skill text. With `sft.expert_noise` the training episodes
-    take random actions at that rate (not training targets) and the expert recovers from them;
-    held-out episodes stay clean.
+    take random actions at that rate (not training targets; a share `sft.expert_repeat` of them
+    repeats the previous action) and the expert recovers from them; held-out episodes stay clean.
     """
     c = run.config
     cls = envs_base.env_class(c.env.name)
