@@ -76,7 +76,8 @@ class TransformersRunner:
         self.run(0)  # warm-up
 
     def run(self, seed):
-        """(prefill seconds, decode seconds, generated tokens); decode = generate − a prompt forward."""
+        """(prefill seconds, decode seconds, generated tokens); decode = generate − a prompt forward
+        (the faster of one timed before and one after, less exposed to a busy machine)."""
         torch = self.torch
         torch.manual_seed(seed)
         with torch.no_grad():
@@ -85,7 +86,9 @@ class TransformersRunner:
             t1 = time.perf_counter()
             out = self.model.generate(self.ids, **self.kw)
             t2 = time.perf_counter()
-        prefill = t1 - t0
+            self.model(self.ids, attention_mask=self.mask)
+            t3 = time.perf_counter()
+        prefill = min(t1 - t0, t3 - t2)
         return prefill, (t2 - t1) - prefill, (out.shape[1] - self.ids.shape[1]) * self.ids.shape[0]
 
 
@@ -93,6 +96,10 @@ def summarize(runs):
     prefill = statistics.median(r[0] for r in runs)
     decode = statistics.median(r[1] for r in runs)
     tokens = runs[-1][2]
+    if decode <= 0:
+        raise RuntimeError(f"Measured decode time {decode:.4f} s <= 0: the prompt forward took as "
+                           "long as generation, so timing noise (a busy machine) swamps the decode; "
+                           "rerun on an idle machine or raise --new-tokens / --repeats.")
     return {"decode_tokens_per_s": tokens / decode, "e2e_tokens_per_s": tokens / (prefill + decode),
             "tokens": tokens}
 

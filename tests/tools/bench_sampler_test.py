@@ -7,8 +7,8 @@ from tests.conftest import run_module
 
 def test_bench_sampler_reports_ratio():
     proc = run_module("skilljax.tools.bench_sampler", "--configs", "tiny", "--batch", 4,
-                      "--new-tokens", 8, "--repeats", 1)
+                      "--new-tokens", 16, "--repeats", 3)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     row = result["configs"]["tiny"]
-    assert row["skilljax"]["tokens"] == row["transformers"]["tokens"] == 4 * 8
+    assert row["skilljax"]["tokens"] == row["transformers"]["tokens"] == 4 * 16
     assert row["decode_ratio"] > 0 and result["matmul_peak_gflops"] > 0
