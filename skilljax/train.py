@@ -39,7 +39,8 @@ from skilljax.metrics import MetricsWriter
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, sft
 from skilljax.rl.checkpoint import Checkpointer
-from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, collate, rollout
+from skilljax.rl.rollout import (LENGTH_MULTIPLE, PromptConfig, RolloutConfig, ThinkAction, collate,
+                                 rollout)
 from skilljax.sampling import Sampler, SamplingParams
 from skilljax.skills.bank import SkillBank
 from skilljax.skills import projection
@@ -188,9 +189,6 @@ def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutCon
                   jax.random.key(0), skill_context=lambda t: warmup_context(bank, t), fmt=fmt,
                   expert=True)
     return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
-
-
-LENGTH_MULTIPLE = 32  # learner batches: rows padded to a multiple of 32 tokens, few shapes to compile
 
 
 def pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:

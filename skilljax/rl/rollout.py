@@ -385,6 +385,11 @@ def skill_text(skill_context, task: Task) -> str:
 
 # ---------------------------------------------------------------------------- learner batches
 
+# Batch rows are padded to a multiple of this many tokens (not a power of two): a few more
+# shapes for the jitted update / warm-start step to compile, much less padding.
+LENGTH_MULTIPLE = 32
+
+
 def collate(samples: Sequence[StepSample], advantages: Sequence[float], pad_id: int,
             length: int | None = None, multiple: int = 1) -> dict[str, np.ndarray]:
     """Step samples → right-padded arrays for `learner.Batch` (prompt then response per row).

@@ -20,7 +20,7 @@ from flax import nnx
 from skilljax import sharding as shd
 from skilljax.models import qwen
 from skilljax.rl.learner import response_window, token_logprobs
-from skilljax.rl.rollout import StepSample, collate
+from skilljax.rl.rollout import LENGTH_MULTIPLE, StepSample, collate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +61,8 @@ def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, a
 _eval_nll = nnx.jit(response_nll, static_argnums=(4,))
 
 
-def _batch(samples: Sequence[StepSample], pad_id: int, multiple: int = 32):
-    # Lengths rounded to a multiple (not a power of two): a few more compiles, much less padding.
-    a = collate(samples, np.zeros(len(samples)), pad_id, multiple=multiple)
+def _batch(samples: Sequence[StepSample], pad_id: int):
+    a = collate(samples, np.zeros(len(samples)), pad_id, multiple=LENGTH_MULTIPLE)
     return a["tokens_BT"], a["loss_mask_BT"], a["attn_mask_BT"]
 
 

@@ -18,9 +18,9 @@ def test_later_samples_join_only_after_admission(monkeypatch):
     seen = []
     batch = sft._batch
 
-    def spy(samples, pad_id, multiple=32):
+    def spy(samples, pad_id):
         seen.append({s.prompt_ids[0] for s in samples})
-        return batch(samples, pad_id, multiple)
+        return batch(samples, pad_id)
 
     monkeypatch.setattr(sft, "_batch", spy)
     early, later = [_sample(1) for _ in range(8)], [_sample(2) for _ in range(8)]
