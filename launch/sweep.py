@@ -1,7 +1,7 @@
 """Run a config's sweep: every run of its `sweep(add, arg)`, sequentially here, or print commands.
 
     python launch/sweep.py configs/default.py [--arg runlocal] --workdir /tmp/sweep [--print]
-        [--summary]
+        [--summary] [--only REGEX]
 
 Each run trains in WORKDIR/<run name> (its config argument, made path-safe), so re-running the
 sweep resumes unfinished runs and skips finished ones (those with a summary.json). `--print` only
@@ -12,6 +12,8 @@ differ only after the warm start, so it is trained once per seed.
 `--results DIR` keeps each finished run's evaluation (a small JSON per run, without the model) in
 DIR: a run found there counts as finished, and `--summary` reads it, so results gathered over
 several sessions or machines (and committed, e.g. results/<sweep>/) make one table.
+`--only REGEX` keeps the runs whose name matches (e.g. `seed=1`): two sweep processes over
+disjoint runs can share a machine or split a sweep across machines without training a run twice.
 """
 
 from __future__ import annotations
@@ -121,10 +123,22 @@ def main(argv=None) -> None:
     p.add_argument("--no-shared-warm-start", action="store_true",
                    help="give every run its own warm start (by default runs whose warm-start "
                         "inputs are equal, e.g. ablation arms of one seed, share one)")
+    p.add_argument("--only", default=None, metavar="REGEX",
+                   help="keep only the runs whose name matches REGEX (re.search), e.g. 'seed=1'")
     args = p.parse_args(argv)
     root = Path(args.workdir)
     results = Path(args.results) if args.results else None
     runs = runs_of(args.config, args.arg)
+    if args.only is not None:
+        try:
+            pattern = re.compile(args.only)
+        except re.error as e:
+            raise SystemExit(f"--only {args.only!r} is not a regular expression ({e}).")
+        kept = [r for r in runs if pattern.search(run_name(r))]
+        if not kept:
+            raise SystemExit(f"--only {args.only!r} matches none of the sweep's runs: "
+                             + ", ".join(run_name(r) for r in runs))
+        runs = kept
     names = [run_name(r) for r in runs]
     if args.summary:
         print(summary_table(root, names, results))

@@ -164,6 +164,13 @@ def test_sweep_lists_the_ablations():
     assert len(out) == 14 and all("skilljax.train" in line for line in out)
     assert any("variant=no_skills,seed=1" in line for line in out)
     assert all("--config.sft.cache_dir=/tmp/x/warm_start_cache" in line for line in out)
+    only = lambda *a: subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"), CONFIG,
+                                      "--workdir", "/tmp/x", "--print", "--only", *a],
+                                     capture_output=True, text=True, cwd=ROOT)
+    kept = only("seed=1").stdout.splitlines()
+    assert len(kept) == 7 and all("seed=1" in line for line in kept)
+    missing = only("seed=9")
+    assert missing.returncode != 0 and "matches none" in missing.stderr
 
 
 def test_reuse_step_on_expert_episodes():
