@@ -8,7 +8,8 @@ sweep resumes unfinished runs and skips finished ones (those with a summary.json
 prints one `python -m skilljax.train ...` command per run (to hand to a cluster scheduler).
 Runs share warm starts through WORKDIR/warm_start_cache (`sft.cache_dir`): the arms of one seed
 differ only after the warm start, so it is trained once per seed.
-`--summary` prints a table of the finished runs' final evaluation (without / with skills success).
+`--summary` prints a table of the finished runs' final evaluation (without / with skills success),
+and, when the runs carry seeds, one row per arm with each seed's success and the means over seeds.
 `--results DIR` keeps each finished run's evaluation (a small JSON per run, without the model) in
 DIR: a run found there counts as finished, and `--summary` reads it, so results gathered over
 several sessions or machines (and committed, e.g. results/<sweep>/) make one table.
@@ -90,6 +91,15 @@ def save_result(root: Path, results: Path, name: str) -> None:
     tmp.replace(results / f"{name}.json")
 
 
+def final_behaviour(record: dict) -> dict:
+    """The final evaluation without skills; its `success_steps` (logged as 0 when nothing was won)
+    dropped when no episode succeeded, so a table shows "–" and a mean over seeds skips it."""
+    final = dict(record["eval"]["final"]["without_skills"])
+    if not final.get("success_rate"):
+        final.pop("success_steps", None)
+    return final
+
+
 def summary_table(root: Path, names: list[str], results: Path | None = None) -> str:
     """Initial → final held-out success without and with skills, and the final policy's behaviour
     without skills (ReuseRL's signals: successful-episode length, rejected and repeated actions)."""
@@ -104,10 +114,53 @@ def summary_table(root: Path, names: list[str], results: Path | None = None) -> 
         ev = record["eval"]
         cell = lambda mode: (f"{ev['initial'][mode]['success_rate']:.3f} → "
                              f"{ev['final'][mode]['success_rate']:.3f}")
-        final = ev["final"]["without_skills"]
+        final = final_behaviour(record)
         extra = " | ".join(f"{final[k]:.3f}" if k in final else "–"
                            for k in ("success_steps", "rejected_rate", "repeat_rate"))
         lines.append(f"| {name} | {cell('without_skills')} | {cell('with_skills')} | {extra} |")
+    return "\n".join(lines)
+
+
+def _seed_of(name: str) -> tuple[str, str | None]:
+    """('variant=grpo', '1') for 'variant=grpo,seed=1'; (name, None) when the name has no seed."""
+    parts = name.split(",")
+    seeds = [p.split("=", 1)[1] for p in parts if p.startswith("seed=")]
+    arm = ",".join(p for p in parts if not p.startswith("seed=")) or "default"
+    return arm, (seeds[0] if seeds else None)
+
+
+def seed_table(root: Path, names: list[str], results: Path | None = None) -> str | None:
+    """The runs grouped by arm (the name without its `seed=`): final success without skills per
+    seed (initial → final) and their mean, and the behaviour columns averaged over the arm's
+    finished seeds (successful-episode steps over the seeds that had a success). None when the
+    runs have no seeds."""
+    arms: dict[str, dict[str, dict | None]] = {}
+    for name in names:
+        arm, seed = _seed_of(name)
+        if seed is None:
+            return None
+        arms.setdefault(arm, {})[seed] = load_result(root, results, name)
+    seeds = sorted({s for runs in arms.values() for s in runs}, key=lambda s: (len(s), s))
+    lines = ["| arm | " + " | ".join(f"success, seed {s}" for s in seeds)
+             + " | mean final success | successful-episode steps | rejected actions | "
+               "repeated actions |",
+             "| --- |" + " --- |" * (len(seeds) + 4)]
+    for arm, runs in arms.items():
+        cells, finals = [], []
+        for s in seeds:
+            record = runs.get(s)
+            if record is None:
+                cells.append("(not finished)")
+                continue
+            ev = record["eval"]
+            a, b = (ev[p]["without_skills"]["success_rate"] for p in ("initial", "final"))
+            cells.append(f"{a:.3f} → {b:.3f}")
+            finals.append(final_behaviour(record))
+        mean = lambda k: (f"{sum(f[k] for f in finals if k in f) / n:.3f}"
+                          if (n := sum(k in f for f in finals)) else "–")
+        tail = [mean("success_rate"), mean("success_steps"), mean("rejected_rate"),
+                mean("repeat_rate")]
+        lines.append(f"| {arm} | " + " | ".join(cells + tail) + " |")
     return "\n".join(lines)
 
 
@@ -142,6 +195,8 @@ def main(argv=None) -> None:
     names = [run_name(r) for r in runs]
     if args.summary:
         print(summary_table(root, names, results))
+        if (table := seed_table(root, names, results)) is not None:
+            print("\nBy arm (means over the finished seeds):\n" + table)
         return
     module = _module(args.config)
     for run, name in zip(runs, names):

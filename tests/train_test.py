@@ -289,3 +289,18 @@ def test_sweep_results_folder_collects_finished_runs(tmp_path):
     table = sweep.summary_table(tmp_path / "runs", names, tmp_path / "results")
     assert f"| {names[0]} | 0.250 → 0.750 | 0.500 → 0.500 |" in table
     assert table.count("(not finished)") == len(names) - 1
+    # By arm: each seed's success and the means over the arm's finished seeds; a run that won
+    # nothing has no successful-episode length (logged as 0), so it shows "–" and is not averaged.
+    arm, seed = sweep._seed_of(names[0])
+    twin = next(n for n in names if sweep._seed_of(n)[0] == arm and n != names[0])
+    lost = {**block(0.0), "success_steps": 0.0, "rejected_rate": 0.5, "repeat_rate": 0.25}
+    won = {**block(0.75), "success_steps": 6.0, "rejected_rate": 0.25, "repeat_rate": 0.25}
+    for name, final in ((names[0], won), (twin, lost)):
+        record = {"eval": {"initial": {"without_skills": block(0.25), "with_skills": block(0.5)},
+                           "final": {"without_skills": final, "with_skills": block(0.5)}}}
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps(record))
+    row = next(line for line in sweep.seed_table(tmp_path / "runs", names,
+                                                 tmp_path / "results").splitlines()
+               if line.startswith(f"| {arm} |"))
+    assert row.endswith("| 0.375 | 6.000 | 0.375 | 0.250 |") and "0.250 → 0.000" in row
+    assert "| – |" in sweep.summary_table(tmp_path / "runs", [twin], tmp_path / "results")
