@@ -100,6 +100,11 @@ def final_behaviour(record: dict) -> dict:
     return final
 
 
+def _change(ev: dict, mode: str) -> str:
+    """'0.250 → 0.750': held-out success before and after training, in `mode` (with/without skills)."""
+    return f"{ev['initial'][mode]['success_rate']:.3f} → {ev['final'][mode]['success_rate']:.3f}"
+
+
 def summary_table(root: Path, names: list[str], results: Path | None = None) -> str:
     """Initial → final held-out success without and with skills, and the final policy's behaviour
     without skills (ReuseRL's signals: successful-episode length, rejected and repeated actions)."""
@@ -112,12 +117,11 @@ def summary_table(root: Path, names: list[str], results: Path | None = None) -> 
             lines.append(f"| {name} | (not finished) | | | | |")
             continue
         ev = record["eval"]
-        cell = lambda mode: (f"{ev['initial'][mode]['success_rate']:.3f} → "
-                             f"{ev['final'][mode]['success_rate']:.3f}")
         final = final_behaviour(record)
         extra = " | ".join(f"{final[k]:.3f}" if k in final else "–"
                            for k in ("success_steps", "rejected_rate", "repeat_rate"))
-        lines.append(f"| {name} | {cell('without_skills')} | {cell('with_skills')} | {extra} |")
+        lines.append(f"| {name} | {_change(ev, 'without_skills')} | {_change(ev, 'with_skills')} | "
+                     f"{extra} |")
     return "\n".join(lines)
 
 
@@ -152,9 +156,7 @@ def seed_table(root: Path, names: list[str], results: Path | None = None) -> str
             if record is None:
                 cells.append("(not finished)")
                 continue
-            ev = record["eval"]
-            a, b = (ev[p]["without_skills"]["success_rate"] for p in ("initial", "final"))
-            cells.append(f"{a:.3f} → {b:.3f}")
+            cells.append(_change(record["eval"], "without_skills"))
             finals.append(final_behaviour(record))
         mean = lambda k: (f"{sum(f[k] for f in finals if k in f) / n:.3f}"
                           if (n := sum(k in f for f in finals)) else "–")

@@ -291,7 +291,7 @@ def test_sweep_results_folder_collects_finished_runs(tmp_path):
     assert table.count("(not finished)") == len(names) - 1
     # By arm: each seed's success and the means over the arm's finished seeds; a run that won
     # nothing has no successful-episode length (logged as 0), so it shows "–" and is not averaged.
-    arm, seed = sweep._seed_of(names[0])
+    arm = sweep._seed_of(names[0])[0]
     twin = next(n for n in names if sweep._seed_of(n)[0] == arm and n != names[0])
     lost = {**block(0.0), "success_steps": 0.0, "rejected_rate": 0.5, "repeat_rate": 0.25}
     won = {**block(0.75), "success_steps": 6.0, "rejected_rate": 0.25, "repeat_rate": 0.25}
