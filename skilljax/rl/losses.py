@@ -4,12 +4,16 @@ Where each comes from:
 - `group_advantages`, kind "grpo": Â = (r − mean_G r) / (std_G r + ε), the group-relative advantage
   of GRPO as used by SKILL0 (paper eq. 5; std unbiased, ε = 1e-6 as in the released code).
   "drgrpo" drops the std (Dr. GRPO); "rloo" uses the leave-one-out mean of the other members.
-  By default the statistics run over all step samples of a group, as the released SKILL0 code
-  does (`compute_mean_std_cross_steps=True`); with `traj_ids` they run over one score per
-  trajectory. A group with one member has baseline 0 (and std 1), as in the reference code.
+  Two definitions, chosen by whether `traj_ids` is given (see `group_advantages`): without, the
+  statistics and the numerator run over all step samples of a group, as the released SKILL0 code
+  does (`compute_mean_std_cross_steps=True`); with, eq. 5 proper: one score per trajectory in the
+  numerator and the statistics, each step's own penalty added after normalisation. A group with
+  one member has baseline 0 (and std 1), as in the reference code.
 - `gigpo_advantages`: GiGPO (arXiv 2505.10978) — episode advantage within the task group plus
   ω × step advantage within "anchor state" groups (identical observations in one task group),
-  from discounted step returns; `mean_norm` or `mean_std_norm`.
+  from discounted step returns; `mean_norm` or `mean_std_norm`. A state seen once in its task
+  group has no peers to compare with: its step advantage is 0, as in the reference, which
+  normalises each step group by its own mean.
 - `policy_loss`: PPO clipped surrogate, SKILL0 eq. 5 / SkillForge eq. 5: −min(ρÂ, clip(ρ, 1−ε_low,
   1+ε_high)Â) with ρ = π/π_old, plus dual-clip (Ye et al. 2020) bounding the loss at −c·Â for Â < 0.
 - `kl_penalty`: Schulman's estimators of KL(π‖π_ref) from samples of π: k1 = log π/π_ref,
@@ -75,8 +79,18 @@ def group_advantages(scores, group_ids, kind: str = "grpo", eps: float = 1e-6,
                      traj_ids=None) -> jax.Array:
     """One advantage per step sample from its scalar score and its group (the G rollouts of a task).
 
-    With `traj_ids`, each trajectory contributes one value (the mean of its steps' scores) to the
-    group statistics and each step is scored against them; otherwise every step sample counts.
+    Without `traj_ids` (the released SKILL0 code): every step sample is one member of its group,
+    in the statistics and in the numerator, so long trajectories weigh more in the baseline and,
+    in a group whose trajectories all share one outcome, a step penalty alone is scaled up by the
+    tiny std (8 × 50 failed steps, one penalised: A ≈ −20 for it).
+
+    With `traj_ids` (SKILL0 eq. 5, GRPO proper): a step's score is its trajectory's score R_τ minus
+    that step's own penalty (or plus its own bonus). R_τ is taken as the highest step score of the
+    trajectory (penalties are subtracted per step, so it is the score of its unpenalised steps);
+    the advantage is the group-normalised R_τ (kind: z-score, mean-centred, or leave-one-out over
+    the group's trajectories) plus the step's own deviation s_i − R_τ, not normalised: samples
+    that differ only by penalties differ by the penalties, whatever the group's spread. With
+    bounded penalties |A| ≤ (G − 1)/√G + max penalty for a group of G trajectories.
     """
     if kind not in ADVANTAGES:
         raise ValueError(f"Unknown advantage kind {kind!r}; choose one of {sorted(ADVANTAGES)} "
@@ -87,16 +101,16 @@ def group_advantages(scores, group_ids, kind: str = "grpo", eps: float = 1e-6,
         raise ValueError(f"{len(scores)} scores but {len(seg)} group ids.")
     if traj_ids is None:
         return jnp.asarray(ADVANTAGES[kind](scores, seg, n, eps, scores, seg), jnp.float32)
+    if len(np.asarray(traj_ids).reshape(-1)) != len(scores):
+        raise ValueError(f"{len(scores)} scores but {len(np.asarray(traj_ids).reshape(-1))} "
+                         "trajectory ids.")
     tseg, tn = _segments(list(zip(np.asarray(group_ids).tolist(), np.asarray(traj_ids).tolist())))
-    traj_score = np.bincount(tseg, weights=scores, minlength=tn) / np.bincount(tseg, minlength=tn)
+    traj_score = np.full(tn, -np.inf)
+    np.maximum.at(traj_score, tseg, scores)
     traj_group = np.zeros(tn, np.int64)
     traj_group[tseg] = seg
-    if kind == "rloo":  # leave out this step's own trajectory, not the step score
-        count, total, _, _ = _group_stats(traj_score, traj_group, n)
-        c = count[seg]
-        base = np.where(c > 1, (total[seg] - traj_score[tseg]) / np.maximum(c - 1, 1), 0.0)
-        return jnp.asarray(scores - base, jnp.float32)
-    return jnp.asarray(ADVANTAGES[kind](traj_score, traj_group, n, eps, scores, seg), jnp.float32)
+    traj_adv = ADVANTAGES[kind](traj_score, traj_group, n, eps, traj_score, traj_group)
+    return jnp.asarray(traj_adv[tseg] + (scores - traj_score[tseg]), jnp.float32)
 
 
 def discounted_returns(rewards, traj_ids, step_index, gamma: float) -> np.ndarray:
@@ -117,9 +131,10 @@ def gigpo_advantages(episode_scores, step_rewards, group_ids, traj_ids, step_ind
                      step_weight: float = 1.0, eps: float = 1e-6) -> jax.Array:
     """GiGPO joint advantage per step sample: A^E(τ) + ω · A^S(anchor state, step return).
 
-    `episode_scores[i]` is the total reward of the trajectory step i belongs to; `step_rewards[i]`
-    that step's reward (penalties included); `anchors[i]` the step's current observation without
-    history (equal anchors inside one task group form a step group).
+    `episode_scores[i]` is the total reward of the trajectory step i belongs to (without step
+    penalties: those enter once, through `step_rewards`); `step_rewards[i]` that step's reward
+    (its penalty included); `anchors[i]` the step's current observation without history (equal
+    anchors inside one task group form a step group; a step group of one member gets 0).
     """
     if mode not in ("mean_norm", "mean_std_norm"):
         raise ValueError(f"GiGPO mode {mode!r}; choose 'mean_norm' or 'mean_std_norm'.")
@@ -131,6 +146,7 @@ def gigpo_advantages(episode_scores, step_rewards, group_ids, traj_ids, step_ind
                          for g, a in zip(np.asarray(group_ids).tolist(), anchors)])
     sn = len(keys)
     step = ADVANTAGES[kind](returns, step_seg, sn, eps, returns, step_seg)
+    step = np.where(np.bincount(step_seg, minlength=sn)[step_seg] > 1, step, 0.0)  # no peers → 0
     return jnp.asarray(episode + step_weight * step, jnp.float32)
 
 

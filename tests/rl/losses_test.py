@@ -36,6 +36,63 @@ def test_statistics_over_steps_or_trajectories():
     np.testing.assert_allclose(rloo, [1, 1, 1, -1], rtol=1e-6)
 
 
+def all_failed_group(n_traj=8, steps=50, penalised=(3, 17), penalty=0.1):
+    """Scores of a group whose trajectories all failed; one step of one trajectory is invalid."""
+    scores = np.zeros(n_traj * steps)
+    scores[penalised[0] * steps + penalised[1]] = -penalty
+    return scores, np.zeros(n_traj * steps, int), np.repeat(np.arange(n_traj), steps)
+
+
+def test_step_penalty_keeps_its_scale_with_trajectory_statistics():
+    # The defect: statistics over trajectory means, numerator per step: A ≈ −141 for the penalised
+    # step. Eq. 5: every trajectory scores 0, so only the penalty remains, unscaled.
+    scores, groups, trajs = all_failed_group()
+    for kind in ("grpo", "drgrpo", "rloo"):
+        adv = np.asarray(losses.group_advantages(scores, groups, kind, traj_ids=trajs))
+        expected = np.zeros_like(scores)
+        expected[3 * 50 + 17] = -0.1
+        np.testing.assert_allclose(adv, expected, atol=1e-6)
+    # The released definition (no traj_ids): one outlier among n = 400 is (n − 1)/√n = 19.95
+    # standard deviations away, the others 1/√n.
+    adv = np.asarray(losses.group_advantages(scores, groups, eps=0.0))
+    assert adv[3 * 50 + 17] == pytest.approx(-19.95, rel=1e-5)
+    assert np.allclose(np.delete(adv, 3 * 50 + 17), 0.05, rtol=1e-5)
+
+
+def test_trajectory_statistics_by_hand():
+    # t1 won (10) with one invalid step (−0.1); t2 failed with an invalid last step. R = {10, 0}:
+    # z = ±1/√2 (unbiased std √50); each step adds its own penalty.
+    scores = [10, 9.9, 0, 0, -0.1]
+    adv = losses.group_advantages(scores, [0] * 5, eps=0.0, traj_ids=[1, 1, 2, 2, 2])
+    z = 2 ** -0.5
+    np.testing.assert_allclose(adv, [z, z - 0.1, -z, -z, -z - 0.1], rtol=1e-6)
+    adv = losses.group_advantages(scores, [0] * 5, "drgrpo", traj_ids=[1, 1, 2, 2, 2])
+    np.testing.assert_allclose(adv, [5, 4.9, -5, -5, -5.1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("with_trajectories", [False, True])
+def test_advantages_are_bounded_by_the_group_size(with_trajectories):
+    """|A| ≤ √(samples in the group): a z-score over n values is at most (n − 1)/√n, and eq. 5's
+    per-step term is a penalty (0.1 here, ALFWorld's)."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n_groups, scale = rng.integers(1, 4), 10.0 ** rng.uniform(-3, 3)
+        groups, trajs, scores = [], [], []
+        for g in range(n_groups):
+            for t in range(rng.integers(2, 9)):
+                steps = rng.integers(1, 30)
+                reward = scale * rng.choice([0.0, 1.0]) if rng.random() < 0.8 else scale * rng.random()
+                penalty = 0.1 * (rng.random(steps) < rng.uniform(0, 0.5))
+                groups += [g] * steps
+                trajs += [t] * steps
+                scores += list(reward - penalty) if with_trajectories else list(
+                    scale * rng.normal(size=steps))
+        adv = np.asarray(losses.group_advantages(scores, groups, "grpo",
+                                                 traj_ids=trajs if with_trajectories else None))
+        size = np.bincount(groups)[groups]
+        assert np.all(np.abs(adv) <= np.sqrt(size) + 1e-3)
+
+
 def test_unknown_kind_is_named():
     with pytest.raises(ValueError, match="Unknown advantage kind 'ppo'"):
         losses.group_advantages([1.0], [0], "ppo")
@@ -55,6 +112,22 @@ def test_gigpo_by_hand():
     # γ = 0.5: t1's first step returns 5, so A = {5, 0} → ±2.5.
     np.testing.assert_allclose(gigpo_case(["A", "C", "B"], gamma=0.5),
                                [7.5, 10, -7.5, -5, -10], rtol=1e-6)
+
+
+def test_gigpo_state_seen_once_has_no_step_advantage():
+    # t1 wins at its 2nd step in state B, which no other rollout saw; t2 fails through A then C.
+    # Episode ±5; step group A = {10, 0} → ±5; B and C are singletons → 0 (the reference's own
+    # mean), so t1's winning step gets +5, not the raw return 10 on top (+15).
+    adv = losses.gigpo_advantages(
+        episode_scores=[10, 10, 0, 0], step_rewards=[0, 10, 0, 0], group_ids=["g"] * 4,
+        traj_ids=[1, 1, 2, 2], step_index=[0, 1, 0, 1], anchors=["A", "B", "A", "C"], eps=0.0)
+    np.testing.assert_allclose(adv, [10, 5, -10, -5], rtol=1e-6)
+    adv = losses.gigpo_advantages(
+        episode_scores=[10, 10, 0, 0], step_rewards=[0, 10, 0, 0], group_ids=["g"] * 4,
+        traj_ids=[1, 1, 2, 2], step_index=[0, 1, 0, 1], anchors=["A", "B", "A", "C"], eps=0.0,
+        mode="mean_std_norm")
+    z = 2 ** -0.5
+    np.testing.assert_allclose(adv, [2 * z, z, -2 * z, -z], rtol=1e-6)
 
 
 def test_gigpo_repeated_anchor_states():
