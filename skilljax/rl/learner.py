@@ -2,10 +2,21 @@
 
 A step sample is one environment step: `tokens_BT` holds prompt then response (left-aligned, padded
 on the right), `loss_mask_BT` marks response tokens (the only ones trained), `old_logp_BT` the
-sampler's logprobs at those tokens, `advantages_B` one scalar per sample. One `update` runs
-`ppo_epochs` passes over the batch in mini-batches (one optimiser step each), each mini-batch in
-micro-batches whose gradients are accumulated exactly: loss numerators and denominators are summed
-over micro-batches before one division (see `losses.policy_loss_terms`).
+behaviour policy's logprobs at those tokens, `advantages_B` one scalar per sample. Rows without
+response tokens are padding and never trained.
+
+One `update` runs `ppo_epochs` passes over the batch's step samples in mini-batches of at most
+`mini_batch_size` samples, one AdamW step each, as the released runs do (`ppo_mini_batch_size`:
+`shared/reference/skill0_released_code.md` §6): a batch of n samples makes ceil(n / size)
+mini-batches of nearly equal size, padded to `row_multiple` rows so a run compiles few shapes. Each
+mini-batch runs in micro-batches whose gradients are accumulated exactly: loss numerators and
+denominators are summed over micro-batches before one division (`losses.policy_loss_terms`).
+
+Old logprobs: with `recompute_old_logp` (the default, as the released actor does) the learner
+computes them itself under its own policy, softmax(logits / temperature), before its first step,
+so the sampler's numerics and its temperature cannot make the first mini-batch off-policy (its
+ratio is 1). Without it the batch's `old_logp_BT` is used: the sampler's logprobs are those of the
+raw logits, the learner's policy only at temperature 1, which the config then checks.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from skilljax import sharding as shd
 from skilljax.distributed import to_host
 from skilljax.models import qwen
 from skilljax.rl import losses
@@ -45,6 +57,20 @@ class LearnerConfig:
     ppo_epochs: int = 1
     temperature: float = 1.0  # logprobs of logits / temperature, as the sampler's policy
     response_window: bool = True  # vocabulary projection only over the responses (same result)
+    recompute_old_logp: bool = True  # old logprobs from the learner's policy before its first step
+    row_multiple: int = 1  # each mini-batch padded to a multiple of this many rows (fewer compiles)
+
+    def __post_init__(self):
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:
+            raise ValueError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}.")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}.")
+        if not self.recompute_old_logp and self.temperature != 1.0:
+            raise ValueError(
+                f"recompute_old_logp=False takes the sampler's logprobs as the old policy; they are "
+                f"those of the raw logits, but the learner's policy is at temperature "
+                f"{self.temperature}. Recompute them (rl.recompute_old_logp=true) or train at "
+                "temperature 1.")
 
 
 class Batch(NamedTuple):
@@ -172,17 +198,43 @@ def _mini_batch_step(model: qwen.Qwen, optimizer: nnx.Optimizer, batch: Batch,
     return metrics
 
 
-_reference_logprobs = nnx.jit(lambda model, tokens, mask, t: token_logprobs(model, tokens, mask, t)[0],
-                              static_argnums=3)
+@nnx.jit(static_argnums=(4, 5, 6))
+def _policy_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, loss_mask_BT, temperature: float,
+                     window: int | None, micro: int):
+    """Logprobs of a mini-batch's tokens under `model`, one micro-batch at a time (no gradients)."""
+    b, t = tokens_BT.shape
+    split = lambda x: x.reshape(b // micro, micro, t)
+
+    def one(xs):
+        tokens, attn, loss = xs
+        return token_logprobs(model, tokens, attn, temperature, loss, window)[0]
+
+    return jax.lax.map(one, (split(tokens_BT), split(attn_mask_BT), split(loss_mask_BT))
+                       ).reshape(b, t)
 
 
-def pad_to_bucket(batch: Batch) -> Batch:
-    """Right-pad the sequence axis to a bucketed length so a run compiles a few shapes only."""
-    t = batch.tokens_BT.shape[1]
-    extra = bucket_length(t) - t
-    if not extra:
-        return batch
-    return jax.tree.map(lambda x: x if x.ndim == 1 else jnp.pad(x, ((0, 0), (0, extra))), batch)
+def _rows(n: int, cfg: LearnerConfig) -> tuple[int, int]:
+    """(mini-batches, rows per mini-batch) for n step samples."""
+    count = -(-n // (cfg.mini_batch_size or n))
+    multiple = np.lcm(cfg.row_multiple, cfg.micro_batch_size or 1)
+    return count, int(-(-(-(-n // count)) // multiple) * multiple)
+
+
+def mini_batches(order: np.ndarray, cfg: LearnerConfig) -> list[tuple[np.ndarray, int]]:
+    """The step samples `order` (row indices) in ceil(n / mini_batch_size) mini-batches of nearly
+    equal size: (row indices padded to one common row count, number of real rows) per mini-batch."""
+    count, rows = _rows(len(order), cfg)
+    return [(np.concatenate([chunk, np.full(rows - len(chunk), chunk[0])]), len(chunk))
+            for chunk in np.array_split(order, count)]
+
+
+def gather(batch: dict[str, np.ndarray], idx: np.ndarray, real: int) -> dict[str, np.ndarray]:
+    """Rows `idx` of a host batch; rows past the first `real` carry no loss (padding)."""
+    mb = {k: v[idx] for k, v in batch.items()}
+    keep = np.arange(len(idx)) < real
+    mb["loss_mask_BT"] = mb["loss_mask_BT"] * keep[:, None].astype(mb["loss_mask_BT"].dtype)
+    mb["advantages_B"] = mb["advantages_B"] * keep.astype(mb["advantages_B"].dtype)
+    return mb
 
 
 class Learner:
@@ -198,42 +250,68 @@ class Learner:
             graphdef, state = nnx.split(model)
             self.reference = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
 
+    def _logprobs(self, model, mb: dict[str, np.ndarray], window: int | None) -> np.ndarray:
+        b = mb["tokens_BT"].shape[0]
+        micro = self.cfg.micro_batch_size or b
+        put = lambda x: shd.put_replicated(x, self.model.layout)
+        return to_host(_policy_logprobs(model, put(mb["tokens_BT"]), put(mb["attn_mask_BT"]),
+                                        put(mb["loss_mask_BT"]), self.cfg.temperature, window,
+                                        micro if b % micro == 0 else b))
+
     def reference_logprobs(self, batch: Batch) -> jax.Array:
+        """The frozen reference policy's logprobs at every position of `batch`."""
         if self.reference is None:
             raise ValueError("No reference policy: it is built only when kl_coef > 0.")
-        return _reference_logprobs(self.reference, batch.tokens_BT, batch.attn_mask_BT,
-                                   self.cfg.temperature)
+        host = {k: to_host(v) for k, v in batch._asdict().items() if v is not None}
+        host["loss_mask_BT"] = np.ones_like(host["loss_mask_BT"])
+        return jnp.asarray(self._logprobs(self.reference, host, None))
 
     def update(self, batch: Batch, rng: jax.Array | None = None) -> list[dict[str, float]]:
-        """ppo_epochs × mini-batches optimiser steps; one metrics dict per step.
+        """ppo_epochs × mini-batches optimiser steps; one metrics dict per step ([] when no row
+        has response tokens).
 
         With `rng`, samples are shuffled before each epoch (otherwise kept in order, as verl's
         `shuffle=False`).
         """
-        b = batch.tokens_BT.shape[0]
-        mini = self.cfg.mini_batch_size or b
-        if b % mini:
-            raise ValueError(f"batch of {b} step samples is not a multiple of mini_batch_size={mini}.")
-        batch = pad_to_bucket(batch)
-        if self.cfg.kl_coef > 0 and batch.ref_logp_BT is None:
-            batch = batch._replace(ref_logp_BT=self.reference_logprobs(batch))
-        if batch.ref_logp_BT is None:
-            batch = batch._replace(ref_logp_BT=jnp.zeros_like(batch.old_logp_BT))
-        window = (response_window(to_host(batch.loss_mask_BT)) if self.cfg.response_window
-                  else None)
+        host = {k: to_host(v) for k, v in batch._asdict().items() if v is not None}
+        t = host["tokens_BT"].shape[1]
+        extra = bucket_length(t) - t  # a bucketed length: a run compiles a few shapes only
+        host = {k: v if v.ndim == 1 or not extra else np.pad(v, ((0, 0), (0, extra)))
+                for k, v in host.items()}
+        real = np.flatnonzero(host["loss_mask_BT"].sum(axis=1) > 0)
+        if not len(real):
+            return []
+        window = response_window(host["loss_mask_BT"]) if self.cfg.response_window else None
+        # Old (and reference) logprobs of every sample before the first optimiser step, in the
+        # first epoch's mini-batches when unshuffled (so its first ratio is exactly that of step 1).
+        need_ref = self.cfg.kl_coef > 0 and "ref_logp_BT" not in host
+        if self.cfg.recompute_old_logp or need_ref:
+            old, ref = np.zeros_like(host["old_logp_BT"]), np.zeros_like(host["old_logp_BT"])
+            for idx, n in mini_batches(real, self.cfg):
+                mb = gather(host, idx, n)
+                if self.cfg.recompute_old_logp:
+                    old[idx[:n]] = self._logprobs(self.model, mb, window)[:n]
+                if need_ref:
+                    ref[idx[:n]] = self._logprobs(self.reference, mb, window)[:n]
+            if self.cfg.recompute_old_logp:
+                host["old_logp_BT"] = old
+            if need_ref:
+                host["ref_logp_BT"] = ref
+        host.setdefault("ref_logp_BT", np.zeros_like(host["old_logp_BT"]))
         out = []
         for epoch in range(self.cfg.ppo_epochs):
-            order = jnp.arange(b) if rng is None else jax.random.permutation(
-                jax.random.fold_in(rng, epoch), b)
-            shuffled = jax.tree.map(lambda x: x[order], batch)
-            for i in range(b // mini):
-                mb = jax.tree.map(lambda x: x[i * mini:(i + 1) * mini], shuffled)
+            order = real if rng is None else real[np.asarray(jax.random.permutation(
+                jax.random.fold_in(rng, epoch), len(real)))]
+            for idx, n in mini_batches(order, self.cfg):
+                mb = gather(host, idx, n)
                 t0 = time.perf_counter()
-                metrics = self._step(mb, window)
+                metrics = self._step(Batch(**{k: shd.put_replicated(v, self.model.layout)
+                                              for k, v in mb.items()}), window)
                 step_s = time.perf_counter() - t0
-                adv = to_host(mb.advantages_B)
-                metrics.update(step_s=step_s,
-                               tokens_per_s=float(to_host(mb.attn_mask_BT).sum()) / step_s,
+                trained = mb["loss_mask_BT"].sum(axis=1) > 0
+                adv = mb["advantages_B"][trained]
+                metrics.update(step_s=step_s, samples=int(trained.sum()),
+                               tokens_per_s=float(mb["attn_mask_BT"].sum()) / step_s,
                                adv_mean=float(adv.mean()), adv_std=float(adv.std()),
                                adv_min=float(adv.min()), adv_max=float(adv.max()))
                 out.append(metrics)

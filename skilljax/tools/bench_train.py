@@ -54,9 +54,11 @@ def main(argv=None):
         row = {}
         for mode in ("full", "window"):
             cfg, model = models.load(name, seed=0, remat=args.remat)
+            # The optimiser step alone: the batch's old logprobs, not the recomputing forward.
             learner = Learner(model, LearnerConfig(learning_rate=1e-5,
                                                    micro_batch_size=args.micro_batch or None,
-                                                   response_window=mode == "window"))
+                                                   response_window=mode == "window",
+                                                   recompute_old_logp=False))
             rng = np.random.default_rng(0)
             loss_mask = np.zeros((b, t), np.int32)
             loss_mask[:, t - r:] = 1  # prompt, then the response

@@ -52,9 +52,10 @@ def test_micro_batches_equal_whole_batch(agg):
     # hence the step, is arbitrary: compare where |g| stands clearly above the noise.
     grads = {k: np.asarray(v.get_value()) for k, v in
              nnx.State(step(model, batch, LearnerConfig(loss_agg=agg))[1]).flat_state()}
-    for micro in (None, 2):
+    for micro in (None, 2):  # the batch's old logprobs, so only the accumulation differs
         _, m = models.load("tiny", num_layers=1, seed=0)
-        Learner(m, LearnerConfig(learning_rate=1e-3, micro_batch_size=micro, loss_agg=agg)).update(batch)
+        Learner(m, LearnerConfig(learning_rate=1e-3, micro_batch_size=micro, loss_agg=agg,
+                                 recompute_old_logp=False)).update(batch)
         results.append(params(m))
     for k in results[2]:
         clear = np.abs(grads[k]) > 1e-4 * scale
@@ -182,7 +183,7 @@ def prompt_response_batch(b=6, t=64, seed=0):
         p, r = rng.integers(8, 40), rng.integers(1, 13)
         attn[i, :p + r] = 1
         loss[i, p:p + r] = 1
-    loss[-1] = 0  # a padding row (pad_rows adds such rows)
+    loss[-1] = 0  # a padding row (the learner pads mini-batches with such rows)
     attn[-1, :5] = 1
     return Batch(jnp.asarray(tokens), jnp.asarray(loss), jnp.asarray(attn),
                  jnp.asarray(rng.normal(-6.3, 0.2, (b, t)), jnp.float32),
@@ -218,3 +219,50 @@ def test_response_window_equals_full_computation(agg):
     scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_full))
     for a, b in zip(jax.tree.leaves(g_win), jax.tree.leaves(g_full)):
         np.testing.assert_allclose(a, b, atol=1e-5 * scale)
+
+
+def test_mini_batches_of_the_step_samples():
+    """ceil(n / mini_batch_size) optimiser steps of nearly equal size; padding rows never train."""
+    batch = prompt_response_batch(b=10)  # its last row is padding: 9 step samples
+    _, model = models.load("tiny", num_layers=1, seed=0)
+    metrics = Learner(model, LearnerConfig(mini_batch_size=4, row_multiple=2)).update(batch)
+    assert [m["samples"] for m in metrics] == [3, 3, 3]  # 9 samples → 3 steps, not 4 + 4 + 1
+    one = Learner(models.load("tiny", num_layers=1, seed=0)[1], LearnerConfig()).update(batch)
+    assert [m["samples"] for m in one] == [9]
+
+
+def test_mini_batch_steps_match_separate_updates():
+    """Two mini-batches are two optimiser steps on their own rows: the same as two updates."""
+    batch = jax.tree.map(lambda x: x[:8], prompt_response_batch(b=9, seed=1))  # 8 samples
+    _, a = models.load("tiny", num_layers=1, seed=0)
+    Learner(a, LearnerConfig(learning_rate=1e-3, mini_batch_size=4)).update(batch)
+    _, b = models.load("tiny", num_layers=1, seed=0)
+    learner = Learner(b, LearnerConfig(learning_rate=1e-3, recompute_old_logp=False))
+    old = learner._logprobs(b, {k: np.asarray(v) for k, v in batch._asdict().items()
+                                if v is not None}, None)  # the policy before either step
+    halves = [jax.tree.map(lambda x: x[i:i + 4], batch._replace(old_logp_BT=jnp.asarray(old)))
+              for i in (0, 4)]
+    for half in halves:
+        learner.update(half)
+    for k, v in params(a).items():
+        np.testing.assert_allclose(v, params(b)[k], atol=1e-6)
+
+
+def test_first_mini_batch_is_on_policy_at_any_temperature():
+    """Sampled at temperature 0.7, the sampler's logprobs are those of the raw logits; the learner
+    recomputes them under its own policy (logits / 0.7), so its first step has ratio 1."""
+    from skilljax.rl.rollout import StepSample, collate
+    _, model = models.load("tiny", num_layers=1, seed=0)
+    prompts = [[4, 8, 15, 16], [23, 42, 7], [5, 9, 11, 13, 2]]
+    out = Sampler(model).generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.7),
+                                  jax.random.key(1))
+    samples = [StepSample(p, list(out.token_ids[i]), out.logprobs[i], episode=i, group=0, step=0,
+                          action="", valid=True, invalid_reason="", reward=0.0,
+                          truncated_response=False, counts={}) for i, p in enumerate(prompts)]
+    batch = Batch(**collate(samples, [1.0, -0.5, 0.3], pad_id=0))
+    at_one = Learner(model, LearnerConfig(recompute_old_logp=False, learning_rate=0.0))
+    assert abs(at_one.update(batch)[0]["approx_kl"]) < 1e-5  # T = 1: the sampler's are π's
+    first = Learner(model, LearnerConfig(temperature=0.7, mini_batch_size=2)).update(batch)
+    assert abs(first[0]["approx_kl"]) < 1e-6 and first[0]["clip_frac"] == 0
+    with pytest.raises(ValueError, match="temperature 0.7"):
+        LearnerConfig(temperature=0.7, recompute_old_logp=False)
