@@ -17,9 +17,14 @@ A skill file is split into sections by header lines `### KEY ###`; a section's b
 next header. Text before the first header is a note for human readers and never reaches a prompt.
 A section keyed `TASK: <type>` is specific to that task type: it goes only into that type's
 context, so one file can serve several task types without showing one type's procedure to another
-(chores' `temperature.md` holds both `TASK: heat` and `TASK: cool`). Every other section of a file
-goes to every task type mapped to the file. Section keys are unique across the bank, because the
-released code merges all sections into one flat dict where a duplicate would silently overwrite.
+(chores' `temperature.md` holds both `TASK: heat` and `TASK: cool`). A section keyed
+`TASK: <file name>` is the file's own task section, as the released banks write them (`heat.md`
+holds `TASK: heat` for the type `pick_heat_then_place_in_recep`): it goes to every task type of
+the file that has no `TASK: <type>` section of its own there (so `pick_two_obj_and_place` reads
+`TASK: pick_and_place`, as the released code's `GAMEFILE_TO_SKILL_KEY` maps it). Every other
+section of a file goes to every task type mapped to the file. Section keys are unique across the
+bank, because the released code merges all sections into one flat dict where a duplicate would
+silently overwrite.
 
 The context for a task type (released code §2.5, rewritten): the general file's sections, then the
 sections of the task's own files, each only if its file is active, bodies joined by a blank line.
@@ -114,11 +119,11 @@ class SkillBank:
         for key, name in owner.items():
             if key.startswith(TASK_PREFIX):
                 ttype = key[len(TASK_PREFIX):].strip()
-                if name not in self._task_files.get(ttype, ()):
+                if name not in self._task_files.get(ttype, ()) and ttype != name:
                     raise SkillBankError(
-                        f"Section {key!r} of {name!r}{where} is specific to task type {ttype!r}, "
-                        f"but {ttype!r} does not use {name!r} (task types of {name!r}: "
-                        f"{list(self.task_types_of(name))}).")
+                        f"Section {key!r} of {name!r}{where} names neither a task type that uses "
+                        f"{name!r} (task types of {name!r}: {list(self.task_types_of(name))}) nor "
+                        f"the file itself ('{TASK_PREFIX}{name}').")
 
     # ------------------------------------------------------------------ construction
 
@@ -209,8 +214,13 @@ class SkillBank:
             files = tuple(f for f in files if f in active)
         parts = []
         for name in files:
-            for key, body in self._files[name].items():
-                if key.startswith(TASK_PREFIX) and key[len(TASK_PREFIX):].strip() != task_type:
+            sections = self._files[name]
+            targets = {k: k[len(TASK_PREFIX):].strip() for k in sections
+                       if k.startswith(TASK_PREFIX)}
+            # The type's own section, else the file's own (released) task section.
+            wanted = task_type if task_type in targets.values() else name
+            for key, body in sections.items():
+                if key in targets and targets[key] != wanted:
                     continue   # another task type's section of a shared file
                 parts.append(body)
         return "\n\n".join(parts)

@@ -95,7 +95,7 @@ def test_bank_without_general_file():
     ({"a": "### A ###\nx\n", "b": "### B ###\ny\n"}, {"t": "a"}, SkillBankError,
      "'b'.* is used by no task type"),
     ({"a": "### TASK: u ###\nx\n"}, {"t": "a"}, SkillBankError,
-     "specific to task type 'u', but 'u' does not use 'a'"),
+     "'TASK: u' of 'a'.* names neither a task type that uses 'a'"),
     ({"a": "### A ###\nx\n"}, {"t": []}, SkillBankError, "non-empty list"),
     ({"a": "no header\n"}, {"t": "a"}, SkillBankError, "no section headers"),
 ])
@@ -168,3 +168,35 @@ def test_chores_contexts_hold_exactly_their_procedure():
         assert section == texts[ttype]
     # Heat and cool share a file, so a file's Δ averages several task types.
     assert bank.task_types_of("temperature") == ("heat", "cool")
+
+
+def test_released_bank_format(tmp_path):
+    """The released SKILL0 banks key task sections by file (`TASK: heat` in heat.md serves the
+    type pick_heat_then_place_in_recep), and pick_two reads the `TASK: pick_and_place` section."""
+    files = {
+        GENERAL: "### GENERAL SKILLS ###\nHere are some useful general strategies.\n",
+        "pick_and_place": "### TASK: pick_and_place ###\nFor this pick task: grab when seen.\n",
+        "heat": "### TASK: heat ###\nFor this heat task: open then heat.\n",
+        "look_at_obj_in_light": "### TASK: look_at_obj_in_light ###\nSwitch the lamp on.\n",
+    }
+    mapping = {"pick_and_place": "pick_and_place", "pick_two_obj_and_place": "pick_and_place",
+               "pick_heat_then_place_in_recep": "heat",
+               "look_at_obj_in_light": "look_at_obj_in_light"}
+    bank = SkillBank.load(write_bank(tmp_path, files, mapping))
+    general = "Here are some useful general strategies."
+    assert bank.context("pick_heat_then_place_in_recep") == (
+        f"{general}\n\nFor this heat task: open then heat.")
+    pick = f"{general}\n\nFor this pick task: grab when seen."
+    assert bank.context("pick_and_place") == pick
+    assert bank.context("pick_two_obj_and_place") == pick
+    assert bank.context("look_at_obj_in_light") == f"{general}\n\nSwitch the lamp on."
+    assert bank.context("pick_heat_then_place_in_recep", [GENERAL]) == general
+
+
+def test_own_type_section_wins_over_the_file_section(tmp_path):
+    files = {"pick_and_place": "### TASK: pick_and_place ###\none object\n\n"
+                               "### TASK: pick_two_obj_and_place ###\ntwo objects\n"}
+    bank = SkillBank.load(write_bank(tmp_path, files, {"pick_and_place": "pick_and_place",
+                                                       "pick_two_obj_and_place": "pick_and_place"}))
+    assert bank.context("pick_and_place") == "one object"
+    assert bank.context("pick_two_obj_and_place") == "two objects"
