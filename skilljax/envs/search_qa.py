@@ -4,7 +4,8 @@ The model emits `<search> query </search>` or `<answer> text </answer>` (`Search
 response into an env action); the env actions are the strings `search: QUERY` and `answer: TEXT`
 (a raw tagged response is accepted too and parsed the same way). A search returns the top-k passages
 (k=3) as `<information>Doc 1: "Title"\\ntext\\nDoc 2: ...</information>`; an answer ends the episode
-with reward 10 if it exactly matches a gold answer after `normalize_answer`, else 0. At most 4 turns;
+with reward 1 if it exactly matches a gold answer after `normalize_answer`, else 0 (Search-R1's
+`qa_em` score, as released: §8; the other envs here pay 10). At most 4 turns;
 on the 4th turn a search is not run and the episode ends unanswered (reward 0, `truncated`). An
 invalid action (no usable block, or an empty query) costs a turn and returns an empty observation
 with `info["valid"] = False`, as in the released code (`shared/reference/skill0_released_code.md`
@@ -111,6 +112,7 @@ def _same(a, b) -> bool:
 class SearchQA(Env):
     name = "search_qa"
     max_steps = MAX_TURNS
+    success_reward = 1.0       # SKILL0 §8: exact match scores 1.0 (the invalid penalty is 0.01)
     invalid_observation = ""   # SKILL0 §4.3: an invalid step's observation is empty
 
     def __init__(self, retriever: str = "bm25", top_k: int = TOP_K, max_steps: int = MAX_TURNS,

@@ -114,7 +114,7 @@ def test_search_then_correct_answer():
     assert (r.reward, r.done, r.won) == (0.0, False, False)
     assert r.info["valid"] and r.info["retrieved"][0] == "country/france" and r.info["turns"] == 1
     r = env.step("answer: the  PARIS.")
-    assert (r.reward, r.done, r.won, r.truncated) == (10.0, True, True, False)
+    assert (r.reward, r.done, r.won, r.truncated) == (1.0, True, True, False)
     assert r.observation == "" and r.info["answer"] == "the PARIS."
     json.dumps(r.to_json())
     with pytest.raises(base.EnvError):
@@ -159,7 +159,7 @@ def test_four_turn_limit_and_last_search_not_run():
     for _ in range(3):
         env.step("search: France")
     r = env.step("answer: Paris")             # an answer on the last turn still counts
-    assert (r.done, r.won, r.truncated, r.reward) == (True, True, False, 10.0)
+    assert (r.done, r.won, r.truncated, r.reward) == (True, True, False, 1.0)
 
 
 def test_no_results():
