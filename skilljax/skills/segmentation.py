@@ -292,6 +292,9 @@ class SegmentationConfig:
     max_phrase_len: int = 4        # L
     buffer_size: int = 256         # the global FIFO success buffer (app. E)
     use_buffer: bool = True        # False: extract from the batch's successes only (§6.2)
+    # The local search after BPE (`extract_dictionary`'s polish) in every update or in none: the
+    # buffer ablation must differ only in its corpus, not in the extraction procedure.
+    polish: bool = False
     alphabet: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -319,8 +322,9 @@ class SegmentationCost:
         batch = [tuple(s) for s in successes if len(s) > 0]
         corpus = (list(self.buffer) if self.config.use_buffer else []) + batch
         if corpus:
-            self.dictionary = extract_dictionary(corpus, self.config.max_phrase_len,
-                                                 self.config.alphabet)
+            self.dictionary = extract_dictionary(
+                corpus, self.config.max_phrase_len, self.config.alphabet,
+                polish_limit=len(corpus) if self.config.polish else 0)
         if self.config.use_buffer:
             self.buffer.extend(batch)
         m: dict = {"dict_size": sum(len(p) > 1 for p in self.dictionary),

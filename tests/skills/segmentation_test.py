@@ -143,3 +143,23 @@ def test_buffer_state_and_modes():
     assert seg.SegmentationCost(dataclasses.replace(cfg, mode="none")).penalty(("a",), True) == 0
     with pytest.raises(ValueError, match="Unknown reuse mode"):
         seg.SegmentationConfig(mode="bpe")
+
+
+@pytest.mark.parametrize("polish", [False, True])
+def test_buffer_arms_extract_by_the_same_procedure(polish):
+    """A small batch (the no-buffer arm) and a 256-sequence buffer get the same extraction: the
+    local search runs in every update or in none, never by corpus size."""
+    rng = random.Random(3)
+    batches = [random_corpus(rng, 10) for _ in range(30)]
+    differs = [b for b in batches if seg.extract_dictionary(b, 4, polish_limit=0)
+               != seg.extract_dictionary(b, 4)]
+    assert differs, "need a batch where the local search changes the dictionary"
+    cfg = seg.SegmentationConfig(mode="segcost", horizon=10, max_phrase_len=4, polish=polish)
+    for batch in differs[:3]:
+        no_buffer = seg.SegmentationCost(dataclasses.replace(cfg, use_buffer=False))
+        no_buffer.update(batch)
+        expected = seg.extract_dictionary(batch, 4, polish_limit=len(batch) if polish else 0)
+        assert no_buffer.dictionary == expected
+        buffered = seg.SegmentationCost(cfg)   # first update: its corpus is the same batch
+        buffered.update(batch)
+        assert buffered.dictionary == no_buffer.dictionary
