@@ -8,7 +8,9 @@ Released settings (`shared/reference/skill0_released_code.md` §4.2, §7.1): Qwe
 Instruct, lr 1e-6, G = 8 rollouts of the same game per group, 16 games per step, budgets [6, 3, 0]
 over 180 steps with validation every 10 (the set chosen at a validation applies to the following
 steps), temperature 1.0 in training and 0.4 (sampled) in validation, invalid-action penalty 0.1,
-token-mean loss, no KL, entropy 0.001, 50 steps per episode with the whole episode as history,
+token-mean loss, no KL, entropy 0.001, AdamW weight decay 0.01, one optimiser step per 256 step
+samples (`ppo_mini_batch_size`), old logprobs recomputed by the learner, validation on
+`valid_seen`, 50 steps per episode with the whole episode as history,
 `<think>`/`<action>` responses ≤ 512 tokens. The released default renders the history as an image
 for a VL model; we run the text path (prompts ≤ 5120 tokens, as the released text scripts), so use
 the text-only Instruct checkpoints.
@@ -51,14 +53,18 @@ def get_config(arg=None):
                  check_every=0, target_heldout_nll=0.0, with_skills=True, task_options={},
                  without_skills_fraction=0.0, bare_task_options={}, cache_dir="")
     c.rl = dict(steps=180, tasks_per_step=16, group_size=8, max_turns=50, max_new_tokens=512,
-                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6, weight_decay=0.0,
+                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6, weight_decay=0.01,
                 grad_clip=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg="token-mean",
-                entropy_coef=0.001, kl_coef=0.0, kl_kind="k3", micro_batch_size=8, ppo_epochs=1,
-                advantage="grpo", gigpo_gamma=0.95, gigpo_mode="mean_norm", gigpo_step_weight=1.0,
-                invalid_penalty=0.1, drop_zero_advantage=False, batch_multiple=64)
+                entropy_coef=0.001, kl_coef=0.0, kl_kind="k3", mini_batch_size=256,
+                micro_batch_size=8, ppo_epochs=1, recompute_old_logp=True, advantage="grpo",
+                group_stats="trajectory", gigpo_gamma=0.95, gigpo_mode="mean_norm",
+                gigpo_step_weight=1.0, invalid_penalty=0.1, drop_zero_advantage=False,
+                batch_multiple=64)
     c.skills = dict(enabled=True, dir="", validate_every=10, num_stages=3, budgets=(6, 3, 0),
                     filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
-                    val_tasks_per_type=22)  # ≈ the released 128 validation games
+                    val_tasks_per_type=22,  # ≈ the released 128 validation games
+                    val_split="valid_seen", clamp_start=True, validate_at_start=False,
+                    track_full_set=True)
     c.eval = dict(tasks=128, temperature=0.4, samples_per_task=1, seeds=1)
     c.checkpoint = dict(every=10, keep=3)
     c.metrics = dict(tensorboard=True)
@@ -75,7 +81,8 @@ def get_config(arg=None):
         c.prompt.update(history_length=2, max_prompt_tokens=None)
         c.sft.update(steps=3, tasks=3, batch_size=8, learning_rate=1e-3)
         c.rl.update(steps=2, tasks_per_step=2, group_size=2, max_turns=4, max_new_tokens=12,
-                    learning_rate=1e-4, micro_batch_size=None, batch_multiple=16)
+                    learning_rate=1e-4, mini_batch_size=4, micro_batch_size=None,
+                    batch_multiple=4)
         c.skills.update(validate_every=2, val_tasks_per_type=1)
         c.eval.tasks = 3
         c.checkpoint.every = 1

@@ -23,7 +23,7 @@ A tiny Qwen-architecture policy is trained from scratch on a laptop CPU:
 
 Arguments (`:a=b,...`): `seed`, `runlocal` (a two-minute end-to-end smoke run), and `variant`
 (one of VARIANTS, the SKILL0 paper's Table 2 / Figure 7 ablations). `sweep()` runs every variant
-for two seeds: `python launch/sweep.py configs/default.py`.
+for three seeds: `python launch/sweep.py configs/default.py`.
 Hardware: 2 CPU cores. Expected time and results: see README "Results".
 """
 
@@ -66,14 +66,16 @@ def get_config(arg=None):
     c.rl = dict(steps=180, tasks_per_step=6, group_size=8, max_turns=10, max_new_tokens=16,
                 temperature=1.0, top_p=1.0, top_k=0, learning_rate=5e-4, weight_decay=0.0,
                 grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0, loss_agg="token-mean",
-                entropy_coef=0.0, kl_coef=0.0, kl_kind="k3", micro_batch_size=None, ppo_epochs=1,
-                advantage="gigpo", gigpo_gamma=0.95, gigpo_mode="mean_norm",
-                gigpo_step_weight=1.0, invalid_penalty=0.1, drop_zero_advantage=True,
-                batch_multiple=64)
+                entropy_coef=0.0, kl_coef=0.0, kl_kind="k3", mini_batch_size=None,
+                micro_batch_size=None, ppo_epochs=1, recompute_old_logp=True,
+                advantage="gigpo", group_stats="trajectory", gigpo_gamma=0.95,
+                gigpo_mode="mean_norm", gigpo_step_weight=1.0, invalid_penalty=0.1,
+                drop_zero_advantage=True, batch_multiple=64)
 
     c.skills = dict(enabled=True, dir="", validate_every=10, num_stages=3, budgets=None,
                     filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
-                    val_tasks_per_type=6)
+                    val_tasks_per_type=6, val_split="train", clamp_start=True,
+                    validate_at_start=False, track_full_set=True)
 
     c.eval = dict(tasks=60, temperature=0.0, samples_per_task=1, seeds=1)
     # ReuseRL's segmentation cost composes with the curriculum: --config.reuse.mode=segcost.
@@ -101,6 +103,6 @@ def get_config(arg=None):
 
 
 def sweep(add, arg=None):
-    for seed in (0, 1):
+    for seed in (0, 1, 2):
         for variant in VARIANTS:
             add(arg=f"variant={variant},seed={seed}")

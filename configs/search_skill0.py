@@ -7,7 +7,10 @@
 Released settings (`shared/reference/skill0_released_code.md` §7.2): Qwen2.5(-VL)-3B/7B-Instruct,
 lr 1e-6, G = 8, 128 questions per step, budgets [5, 3, 0] over 180 steps with validation every 10
 (the set chosen at a validation applies to the following steps), temperature 1.0 in training and
-0.4 (sampled) in validation, invalid-action penalty 0.01, token-mean loss, no KL, entropy 0.001,
+0.4 (sampled) in validation, exact-match reward 1 and invalid-action penalty 0.01, token-mean
+loss, no KL, entropy 0.001, AdamW weight decay 0.01, one optimiser step per 512 step samples
+(`ppo_mini_batch_size`), old logprobs recomputed by the learner, validation questions drawn from
+the test questions (as the released `val_1000`, so every question type's skill file is scored),
 at most 4 turns with the last 4 turns in the prompt, prompts ≤ 4096 and responses ≤ 512 tokens,
 BM25 top-3 retrieval. We run the text path (the released default renders history to images for a
 VL model; that path is not built yet), so use the text-only Instruct checkpoints.
@@ -46,14 +49,19 @@ def get_config(arg=None):
                  check_every=0, target_heldout_nll=0.0, with_skills=True, task_options={},
                  without_skills_fraction=0.0, bare_task_options={}, cache_dir="")
     c.rl = dict(steps=180, tasks_per_step=128, group_size=8, max_turns=4, max_new_tokens=512,
-                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6, weight_decay=0.0,
+                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6, weight_decay=0.01,
                 grad_clip=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg="token-mean",
-                entropy_coef=0.001, kl_coef=0.0, kl_kind="k3", micro_batch_size=16, ppo_epochs=1,
-                advantage="grpo", gigpo_gamma=0.95, gigpo_mode="mean_norm", gigpo_step_weight=1.0,
-                invalid_penalty=0.01, drop_zero_advantage=False, batch_multiple=64)
+                entropy_coef=0.001, kl_coef=0.0, kl_kind="k3", mini_batch_size=512,
+                micro_batch_size=16, ppo_epochs=1, recompute_old_logp=True, advantage="grpo",
+                group_stats="trajectory", gigpo_gamma=0.95, gigpo_mode="mean_norm",
+                gigpo_step_weight=1.0, invalid_penalty=0.01, drop_zero_advantage=False,
+                batch_multiple=64)
     c.skills = dict(enabled=True, dir="", validate_every=10, num_stages=3, budgets=(5, 3, 0),
                     filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
-                    val_tasks_per_type=128)
+                    # The released val_1000 is drawn from the test questions (§3.5): Search-R1's
+                    # training questions have no PopQA rows, so the attribute file would go unscored.
+                    val_tasks_per_type=128, val_split="test", clamp_start=True,
+                    validate_at_start=False, track_full_set=True)
     c.eval = dict(tasks=512, temperature=0.4, samples_per_task=1, seeds=1)
     c.checkpoint = dict(every=10, keep=3)
     c.metrics = dict(tensorboard=True)
@@ -70,7 +78,8 @@ def get_config(arg=None):
         c.prompt.max_prompt_tokens = None
         c.sft.update(steps=4, tasks=8, batch_size=8, learning_rate=1e-3)
         c.rl.update(steps=2, tasks_per_step=2, group_size=2, max_new_tokens=12,
-                    learning_rate=1e-4, micro_batch_size=None, batch_multiple=16)
+                    learning_rate=1e-4, mini_batch_size=4, micro_batch_size=None,
+                    batch_multiple=4)
         c.skills.update(validate_every=1, val_tasks_per_type=1)
         c.eval.tasks = 4
         c.checkpoint.every = 1

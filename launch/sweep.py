@@ -133,9 +133,15 @@ def _seed_of(name: str) -> tuple[str, str | None]:
     return arm, (seeds[0] if seeds else None)
 
 
+def binomial_se(p: float, n: int) -> float:
+    """Standard error of a success rate p measured on n independent episodes."""
+    return (p * (1 - p) / n) ** 0.5 if n else float("nan")
+
+
 def seed_table(root: Path, names: list[str], results: Path | None = None) -> str | None:
     """The runs grouped by arm (the name without its `seed=`): final success without skills per
-    seed (initial → final) and their mean, and the behaviour columns averaged over the arm's
+    seed (initial → final) and their mean ± the binomial standard error of one final evaluation
+    (sqrt(p(1 − p)/n) at the mean, n its episodes), and the behaviour columns averaged over the arm's
     finished seeds (successful-episode steps over the seeds that had a success). None when the
     runs have no seeds."""
     arms: dict[str, dict[str, dict | None]] = {}
@@ -160,8 +166,10 @@ def seed_table(root: Path, names: list[str], results: Path | None = None) -> str
             finals.append(final_behaviour(record))
         mean = lambda k: (f"{sum(f[k] for f in finals if k in f) / n:.3f}"
                           if (n := sum(k in f for f in finals)) else "–")
-        tail = [mean("success_rate"), mean("success_steps"), mean("rejected_rate"),
-                mean("repeat_rate")]
+        success = mean("success_rate")
+        if finals:  # the noise of one evaluation of this many episodes, at the mean
+            success += f" ± {binomial_se(float(success), min(f['episodes'] for f in finals)):.3f}"
+        tail = [success, mean("success_steps"), mean("rejected_rate"), mean("repeat_rate")]
         lines.append(f"| {arm} | " + " | ".join(cells + tail) + " |")
     return "\n".join(lines)
 

@@ -70,9 +70,11 @@ def reuse_section(mode: str = "none") -> dict:
     mode "none" still extracts and logs the dictionary (so vanilla GRPO runs report the same
     signals); "length" is the pure round-length baseline −λ·|s|/T, "segcost" −λ·seg(s, C)/T.
     λ = 10 with success reward 10 and a 256-sequence FIFO success buffer (app. E); the maximum
-    phrase length L is not stated in the paper: 4 here.
+    phrase length L is not stated in the paper: 4 here. `polish` adds the local search after greedy
+    BPE to every extraction (both buffer arms alike).
     """
-    return dict(mode=mode, coef=10.0, max_phrase_len=4, buffer_size=256, use_buffer=True)
+    return dict(mode=mode, coef=10.0, max_phrase_len=4, buffer_size=256, use_buffer=True,
+                polish=False)
 
 
 # The paper's four arms (§4.4, §6.2): name → overrides of the `reuse` section.
@@ -91,7 +93,8 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
     Paper settings: GRPO for 300 steps, terminal reward 10, λ = 10, invalid-action penalty 0.01,
     a 256-sequence success buffer, step limit `horizon` (T). Not stated in the paper, so taken from
     the verl-agent ALFWorld recipe it builds on (as SKILL0's released scripts use it): lr 1e-6,
-    G = 8 rollouts per task, 16 tasks per step, token-mean loss, no KL, entropy 0.001.
+    AdamW weight decay 0.01, G = 8 rollouts per task, 16 tasks per step, one optimiser step per
+    256 step samples, token-mean loss, no KL, entropy 0.001.
     `arg.cpu`: the CPU-scale run instead — a tiny policy trained from scratch with a tokenizer on
     the env's text and a supervised warm start on expert episodes, then the same arms; `cpu` holds
     that env's task options and sizes (`horizon`: a shorter step limit T for the easier CPU-scale
@@ -119,15 +122,17 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
                  expert_repeat=0.0, cache_dir="")
     c.rl = dict(steps=300, tasks_per_step=16, group_size=8, max_turns=horizon,
                 max_new_tokens=512, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6,
-                weight_decay=0.0, grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+                weight_decay=0.01, grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
                 loss_agg="token-mean", entropy_coef=0.001, kl_coef=0.0, kl_kind="k3",
-                micro_batch_size=8, ppo_epochs=1, advantage="grpo", gigpo_gamma=0.95,
+                mini_batch_size=256, micro_batch_size=8, ppo_epochs=1, recompute_old_logp=True,
+                advantage="grpo", group_stats="trajectory", gigpo_gamma=0.95,
                 gigpo_mode="mean_norm", gigpo_step_weight=1.0, invalid_penalty=0.01,
                 drop_zero_advantage=False, batch_multiple=64)
     # No in-context skills: ReuseRL's skills are the dictionary's phrases, not texts.
     c.skills = dict(enabled=False, dir="", validate_every=10, num_stages=3, budgets=None,
                     filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
-                    val_tasks_per_type=4)
+                    val_tasks_per_type=4, val_split="train", clamp_start=True,
+                    validate_at_start=False, track_full_set=True)
     c.eval = dict(tasks=env.get("eval_tasks", 256), samples_per_task=1, seeds=3, **eval_sampling)
     c.reuse = reuse_section()
     c.checkpoint = dict(every=20, keep=2)
@@ -150,8 +155,8 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
                      task_options=cpu["task_options"], expert_noise=cpu.get("expert_noise", 0.0),
                      expert_repeat=cpu.get("expert_repeat", 0.0))
         c.rl.update(steps=cpu.get("rl_steps", 60), tasks_per_step=6, max_new_tokens=24,
-                    learning_rate=5e-4, micro_batch_size=cpu.get("micro_batch_size"),
-                    entropy_coef=0.0,
+                    learning_rate=5e-4, weight_decay=0.0, mini_batch_size=None,
+                    micro_batch_size=cpu.get("micro_batch_size"), entropy_coef=0.0,
                     drop_zero_advantage=True)
         c.eval.update(tasks=60, seeds=1, temperature=0.0, top_p=1.0, top_k=0)
         c.checkpoint.every = 10

@@ -1,7 +1,8 @@
 """PNG figures of a training workdir (matplotlib, no display needed).
 
 `write_all(workdir)` draws, from metrics.jsonl and summary.json:
-- success.png: validation success with and without skills over steps (and train success);
+- success.png: validation success with every skill file, with the active files and without
+  skills over steps (and train success);
 - deltas.png: Δ_k per skill file at every curriculum update (the SKILL0 paper's Figure 6);
 - skills.png: active skill files and the stage budget over steps;
 - tokens.png: prompt tokens per step by part (skill, history, observation, template).
@@ -43,12 +44,13 @@ def write_all(workdir) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(steps, [r.get("success_rate", 0) for r in rows], color="0.75", lw=1,
             label="train rollouts (active skills)")
-    val = [r for r in rows if "val_with_skills" in r]
-    if val:
-        ax.plot([r["step"] for r in val], [r["val_with_skills"] for r in val], "o-",
-                label="validation, with skills")
-        ax.plot([r["step"] for r in val], [r["val_without_skills"] for r in val], "s-",
-                label="validation, without skills")
+    val = [r for r in rows if "val_without_skills" in r]
+    for key, style, label in (("val_full_skills", "^-", "validation, all skill files"),
+                              ("val_with_skills", "o-", "validation, active skill files"),
+                              ("val_without_skills", "s-", "validation, without skills")):
+        pts = [(r["step"], r[key]) for r in val if key in r]  # no active pass at budget 0
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     ax.set(xlabel="RL step", ylabel="success rate", ylim=(-0.02, 1.02))
     ax.legend(fontsize=8)
     save(fig, "success.png")

@@ -134,8 +134,9 @@ def learner_config(c) -> learner_lib.LearnerConfig:
         learning_rate=r.learning_rate, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
         clip_low=r.clip_low, clip_high=r.clip_high, dual_clip=r.dual_clip, loss_agg=r.loss_agg,
         entropy_coef=r.entropy_coef, kl_coef=r.kl_coef, kl_kind=r.kl_kind,
-        micro_batch_size=r.micro_batch_size, ppo_epochs=r.ppo_epochs,
-        temperature=r.temperature)
+        mini_batch_size=r.mini_batch_size, micro_batch_size=r.micro_batch_size,
+        ppo_epochs=r.ppo_epochs, temperature=r.temperature,
+        recompute_old_logp=r.recompute_old_logp, row_multiple=r.batch_multiple)
 
 
 def curriculum_config(c) -> CurriculumConfig:
@@ -144,7 +145,7 @@ def curriculum_config(c) -> CurriculumConfig:
         total_steps=c.rl.steps, validate_every=k.validate_every, num_stages=k.num_stages,
         budgets=tuple(k.budgets) if k.budgets is not None else None, filter=k.filter,
         rank=k.rank, fixed_full=k.fixed_full, keep_general=k.keep_general, strict=k.strict,
-        seed=c.seed)
+        clamp_start=k.clamp_start, validate_at_start=k.validate_at_start, seed=c.seed)
 
 
 def reuse_config(c) -> SegmentationConfig | None:
@@ -157,7 +158,7 @@ def reuse_config(c) -> SegmentationConfig | None:
     return SegmentationConfig(
         mode=r.mode, coef=r.coef, horizon=rollout_config(c, evaluation=False).max_turns,
         max_phrase_len=r.max_phrase_len, buffer_size=r.buffer_size, use_buffer=r.use_buffer,
-        alphabet=projection.ALPHABETS[c.env.name])
+        polish=r.polish, alphabet=projection.ALPHABETS[c.env.name])
 
 
 def reuse_step(reuse: SegmentationCost, env_name: str, res) -> tuple[list, dict]:
@@ -191,34 +192,30 @@ def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutCon
     return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
 
 
-def pad_rows(arrays: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
-    """Pad the batch axis to a multiple (rows with no loss), so a run compiles few shapes."""
-    b = arrays["tokens_BT"].shape[0]
-    extra = -b % multiple
-    if not extra:
-        return arrays
-    out = {}
-    for k, v in arrays.items():
-        pad = np.zeros((extra,) + v.shape[1:], v.dtype)
-        if k == "attn_mask_BT":
-            pad[:, 0] = 1  # one attended token: keeps the padded rows' softmax finite
-        out[k] = np.concatenate([v, pad])
-    return out
-
-
-def advantages(c, res, scores: np.ndarray) -> np.ndarray:
+def advantages(c, res, terms) -> np.ndarray:
     """One advantage per step sample: `rl.advantage` grpo / drgrpo / rloo over each task's group,
     or gigpo (episode advantage + step advantage within identical env states of a group, from
-    returns discounted by `rl.gigpo_gamma`: credit for the step that made progress)."""
+    returns discounted by `rl.gigpo_gamma`: credit for the step that made progress).
+
+    `rl.group_stats`: "trajectory" (SKILL0 eq. 5: one score per trajectory, normalised over the
+    group; a step's invalid penalty added on its own) or "step" (the released code: every step
+    sample is a group member, so in a group of equal outcomes a penalty is blown up by the tiny
+    std); see `losses.group_advantages`.
+    """
     groups = [s.group for s in res.samples]
     episodes = [s.episode for s in res.samples]
+    scores = rewards.sample_scores(res, c.rl.invalid_penalty, terms)
+    if c.rl.group_stats not in ("trajectory", "step"):
+        raise ValueError(f"rl.group_stats={c.rl.group_stats!r}; choose 'trajectory' or 'step'.")
     if c.rl.advantage != "gigpo":
-        return np.asarray(losses.group_advantages(scores, groups, c.rl.advantage,
-                                                  traj_ids=episodes))
+        return np.asarray(losses.group_advantages(
+            scores, groups, c.rl.advantage,
+            traj_ids=episodes if c.rl.group_stats == "trajectory" else None))
     penalty = np.array([0.0 if s.valid else c.rl.invalid_penalty for s in res.samples])
     step_rewards = np.array([s.reward for s in res.samples]) - penalty
+    episode_scores = rewards.trajectory_rewards(res, terms)[episodes]  # the penalty is a step's
     return np.asarray(losses.gigpo_advantages(
-        scores, step_rewards, groups, episodes, [s.step for s in res.samples],
+        episode_scores, step_rewards, groups, episodes, [s.step for s in res.samples],
         [s.anchor for s in res.samples], gamma=c.rl.gigpo_gamma, mode=c.rl.gigpo_mode,
         step_weight=c.rl.gigpo_step_weight))
 
@@ -304,17 +301,48 @@ class _Run:
     test_tasks: list
 
 
+def task_content(task: envs_base.Task) -> str:
+    """What makes two tasks the same task: the type and the payload, whatever their ids."""
+    return json.dumps([task.type, task.payload], sort_keys=True, default=str)
+
+
+def validation_tasks(c, train_tasks) -> list:
+    """The curriculum's helpfulness tasks: `skills.val_tasks_per_type` per task type from split
+    `skills.val_split` (another seed than training), never a training task (by content)."""
+    cls = envs_base.env_class(c.env.name)
+    seen = {task_content(t) for t in train_tasks}
+    per_type = c.skills.val_tasks_per_type
+    candidates = cls.make_tasks(c.skills.val_split, per_type * 12, seed=c.seed + 7919,
+                                **dict(c.env.task_options))
+    val, count = [], {}
+    for t in candidates:
+        if task_content(t) not in seen and count.get(t.type, 0) < per_type:
+            val.append(t)
+            count[t.type] = count.get(t.type, 0) + 1
+    assert not seen & {task_content(t) for t in val}
+    return val
+
+
+def check_validation_covers(bank: SkillBank, val_tasks, split: str) -> None:
+    """Every skill file must be scored at every curriculum update: a file none of whose task
+    types is among the validation tasks gets no Δ and is dropped at the first update."""
+    types = {t.type for t in val_tasks}
+    for name in bank.file_names:
+        served = bank.task_types_of(name)
+        if not types & set(served):
+            raise ValueError(
+                f"Skill file {name!r} serves task types {list(served)}, but the validation tasks "
+                f"(skills.val_split={split!r}) hold none of them ({sorted(types)}): the curriculum "
+                "could never score it and would drop it at its first update. Validate on a split "
+                "that has them (--config.skills.val_split=...; with Search-R1 data the training "
+                "questions have no PopQA rows, so validate on 'test' as the released code does).")
+
+
 def _tasks(c):
     cls = envs_base.env_class(c.env.name)
     opts = dict(c.env.task_options)
     train_tasks = cls.make_tasks("train", c.env.train_tasks, seed=c.seed, **opts)
-    # Validation (the curriculum's helpfulness signal): other train-split tasks, balanced by type.
-    pool = cls.make_tasks("train", c.skills.val_tasks_per_type * 12, seed=c.seed + 7919, **opts)
-    val, count = [], {}
-    for t in pool:
-        if count.get(t.type, 0) < c.skills.val_tasks_per_type:
-            val.append(t)
-            count[t.type] = count.get(t.type, 0) + 1
+    val = validation_tasks(c, train_tasks) if c.skills.enabled else []
     test_tasks = cls.make_tasks(c.env.get("test_split", "test"), c.eval.tasks, seed=c.seed, **opts)
     return train_tasks, val, test_tasks
 
@@ -341,6 +369,8 @@ def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
     bank = SkillBank.load(c.skills.dir) if c.skills.dir else SkillBank.for_env(c.env.name)
     fmt = response_format(c)
     train_tasks, val_tasks, test_tasks = _tasks(c)
+    if c.skills.enabled:
+        check_validation_covers(bank, val_tasks, c.skills.val_split)
 
     tok_dir = workdir / "tokenizer"
     distributed.barrier("tokenizer")  # every process looks before process 0 writes one
@@ -375,12 +405,13 @@ def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
                 test_tasks)
 
 
-def _evaluate(run: _Run, contexts, rng, tasks=None, seeds=None) -> dict:
+def _evaluate(run: _Run, contexts, rng, tasks=None, seeds=None,
+              modes=("with_skills", "without_skills")) -> dict:
     c = run.config
     return evaluate_policy(run.sampler, run.tok, run.pool, tasks or run.test_tasks,
                            rollout_config(c, evaluation=True), rng, contexts=contexts, fmt=run.fmt,
                            samples_per_task=c.eval.samples_per_task,
-                           seeds=seeds or tuple(range(c.eval.seeds)))
+                           seeds=seeds or tuple(range(c.eval.seeds)), modes=modes)
 
 
 def warm_start_data(run: _Run):
@@ -509,6 +540,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         print(f"resumed from step {step}", flush=True)
     timing.update(host.get("timing", {}))
     add_time("build", time.time() - t_start)
+    if distributed.is_main():  # the resolved config of this (or this resumed) run
+        tmp = workdir / "config.json.tmp"
+        tmp.write_text(json.dumps(_jsonable(c), indent=1))
+        os.replace(tmp, workdir / "config.json")
     metrics = (MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
                              tensorboard=c.metrics.tensorboard)
                if distributed.is_main() else _NoMetrics())
@@ -561,6 +596,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         save(0)
 
     # ------------------------------------------------------------------ RL loop
+    if curriculum is not None and host["step"] == 0 and curriculum.due(0) \
+            and not curriculum.history:  # `skills.validate_at_start`: the released step-0 update
+        m = curriculum_update(run, curriculum, 0, jax.random.fold_in(rng, 10**6))
+        metrics.write(0, m)
+        print("step 0:" + _val_line(m), flush=True)
+        save(0)
     rcfg = rollout_config(c, evaluation=False)
     for step in range(host["step"] + 1, c.rl.steps + 1):
         t0 = time.time()
@@ -575,26 +616,26 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                       seeds=[int(x) for x in task_rng.integers(0, 2**31, len(tasks))],
                       skill_context=contexts(), fmt=run.fmt)
         terms, m = reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
-        scores = rewards.sample_scores(res, c.rl.invalid_penalty, terms)
-        adv = advantages(c, res, scores)
+        adv = advantages(c, res, terms)
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
         m.update(res.stats)
+        # Every process plays every episode until rollouts are split across hosts.
         m.update(rollout_s=time.time() - t0, trained_samples=len(keep),
+                 episodes=len(res.trajectories), episodes_local=len(res.trajectories),
                  reward_mean=float(rewards.trajectory_rewards(res).mean()),
                  shaped_reward_mean=float(rewards.trajectory_rewards(res, terms).mean()),
                  active_skills=len(active), active_files=active,
                  budget=curriculum.budget(step) if curriculum is not None else 0)
+        updates = []
         if keep:
-            arrays = collate([res.samples[i] for i in keep], adv[keep], run.tok.pad_id,
-                             multiple=LENGTH_MULTIPLE)
-            arrays = pad_rows(arrays, c.rl.batch_multiple)
-            batch = learner_lib.Batch(**{k: shd.put_replicated(v, run.model.layout)
-                                         for k, v in arrays.items()})
+            batch = learner_lib.Batch(**collate([res.samples[i] for i in keep], adv[keep],
+                                                run.tok.pad_id, multiple=LENGTH_MULTIPLE))
             updates = learner.update(batch, jax.random.fold_in(key, 1))
-            for k in ("loss", "clip_frac", "entropy", "grad_norm"):
-                if k in updates[-1]:
+            for k in ("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"):
+                if updates and k in updates[-1]:
                     m[k] = float(np.mean([u[k] for u in updates if k in u]))
+        m["optimizer_steps"] = len(updates)
         m["step_s"] = time.time() - t0
         add_time("rollout", m["rollout_s"])
         add_time("learner", m["step_s"] - m["rollout_s"])
@@ -602,21 +643,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         # -------------------------------------------------------------- curriculum
         if curriculum is not None and curriculum.due(step):
             t0 = time.time()
-            val = _evaluate(run, contexts(), jax.random.fold_in(rng, 10**6 + step),
-                            tasks=run.val_tasks, seeds=(0,))
-            curriculum.update(step, val["with_skills"]["per_task"],
-                              val["without_skills"]["per_task"])
-            last = curriculum.history[-1]
-            m.update(val_with_skills=val["with_skills"]["success_rate"],
-                     val_without_skills=val["without_skills"]["success_rate"],
-                     deltas=last["deltas"], active_after=list(curriculum.active))
+            m.update(curriculum_update(run, curriculum, step,
+                                       jax.random.fold_in(rng, 10**6 + step)))
             add_time("validation", time.time() - t0)
         metrics.write(step, m)
         print(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
               f"invalid {m['invalid_rate']:.3f} skills {len(active)} "
-              f"({m['step_s']:.1f}s)" + (f" val with {m['val_with_skills']:.2f} without "
-                                         f"{m['val_without_skills']:.2f}"
-                                         if "val_with_skills" in m else ""), flush=True)
+              f"({m['step_s']:.1f}s)" + _val_line(m), flush=True)
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
             save(step)
 
@@ -642,6 +675,45 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         from skilljax import plots
         plots.write_all(workdir)
     return summary
+
+
+def curriculum_update(run: _Run, curriculum: Curriculum, step: int, rng) -> dict:
+    """Validation passes and the curriculum update after `step`; their metrics.
+
+    Passes share one key, so they differ only by the skill text: without skills (always), with the
+    active files (skipped when the update's budget is 0, Algorithm 1), and, with
+    `skills.track_full_set`, with every file (the same pass as the active one while every file is
+    active), so plots can show what the full bank still adds after files are withdrawn.
+    """
+    c = run.config
+    val = lambda ctx, modes: _evaluate(run, ctx, rng, tasks=run.val_tasks, seeds=(0,), modes=modes)
+    passes = val(curriculum.contexts(), ("with_skills", "without_skills")
+                 if curriculum.needs_with_pass(step) else ("without_skills",))
+    m = {"val_without_skills": passes["without_skills"]["success_rate"]}
+    if "with_skills" in passes:
+        m["val_with_skills"] = passes["with_skills"]["success_rate"]
+    if c.skills.track_full_set:
+        full = (passes["with_skills"] if set(curriculum.active) == set(run.bank.file_names)
+                and "with_skills" in passes else
+                val(run.bank.contexts(), ("with_skills",))["with_skills"])
+        m["val_full_skills"] = full["success_rate"]
+    curriculum.update(step, passes["with_skills"]["per_task"] if "with_skills" in passes else None,
+                      passes["without_skills"]["per_task"])
+    m.update(deltas=curriculum.history[-1]["deltas"], active_after=list(curriculum.active))
+    if "val_full_skills" in m:
+        curriculum.history[-1]["full_skills_success"] = m["val_full_skills"]
+    return m
+
+
+def _val_line(m: dict) -> str:
+    if "val_without_skills" not in m:
+        return ""
+    parts = [f" val without {m['val_without_skills']:.2f}"]
+    if "val_with_skills" in m:
+        parts.append(f"active {m['val_with_skills']:.2f}")
+    if "val_full_skills" in m:
+        parts.append(f"all files {m['val_full_skills']:.2f}")
+    return " ".join(parts)
 
 
 def _print_eval(phase: str, block: dict) -> None:

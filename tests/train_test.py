@@ -28,7 +28,9 @@ def test_overrides_and_errors():
     assert train_lib.bare_task_options(one) == [{"source": "convention"}]  # a single generator
 
 
-REUSE = ("--config.reuse.mode=segcost",)
+# ReuseRL's segmentation cost on too (it composes with the curriculum), and several optimiser
+# steps per RL step.
+REUSE = ("--config.reuse.mode=segcost", "--config.rl.mini_batch_size=8")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,13 @@ def test_runlocal_writes_everything(workdir):
     assert w["tokens_per_step"] > wo["tokens_per_step"]  # skill text costs tokens
     rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert "deltas" in rows[1] and "val_with_skills" in rows[3]
+    assert "deltas" in rows[1] and "val_with_skills" in rows[1]
+    for r in (rows[1], rows[3]):  # the full bank is tracked at every update
+        assert {"val_without_skills", "val_full_skills", "active_after"} <= set(r)
+    for r in rows:
+        assert r["optimizer_steps"] == -(-r["trained_samples"] // 8)  # rl.mini_batch_size
+        assert r["episodes"] == r["episodes_local"] == 4
+    assert json.loads((workdir / "config.json").read_text()) == summary["config"]
     assert all("reuse_dict_size" in r and "shaped_reward_mean" in r for r in rows)
     assert summary["config"]["reuse"]["mode"] == "segcost"
     assert [u["step"] for u in summary["curriculum"]] == [2, 4]
@@ -62,6 +70,46 @@ def test_runlocal_writes_everything(workdir):
     for png in ("success.png", "deltas.png", "skills.png", "tokens.png", "eval.png"):
         assert (workdir / "plots" / png).stat().st_size > 1000
     assert (workdir / "tokenizer" / "tokenizer.json").exists()
+
+
+def test_released_step_zero_update_from_the_config(tmp_path):
+    """`skills.validate_at_start` + `clamp_start=false`: the released code's update before step 1
+    uses the last budget, 0, so it skips the with-skills pass and withdraws every file."""
+    run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", tmp_path,
+               "--config.rl.steps=2", "--config.skills.validate_at_start=true",
+               "--config.skills.clamp_start=false")
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[0]["active_after"] == [] and "val_with_skills" not in rows[0]
+    assert "val_full_skills" in rows[0] and rows[1]["active_skills"] == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["curriculum"][0]["step"] == 0 and summary["curriculum"][0]["deltas"] == {}
+    assert summary["curriculum"][0]["budget"] == 0
+
+
+def test_validation_tasks_are_never_training_tasks():
+    from skilljax.envs.base import env_class
+    c = train_lib.load_config(CONFIG)
+    train_tasks, val, _ = train_lib._tasks(c)
+    content = {train_lib.task_content(t) for t in train_tasks}
+    assert val and not content & {train_lib.task_content(t) for t in val}
+    assert {t.type for t in val} == set(env_class("chores").task_types())
+    # Candidates that are training tasks are skipped, whatever their ids.
+    again = train_lib.validation_tasks(c, val)
+    assert again and not {train_lib.task_content(t) for t in val} & {
+        train_lib.task_content(t) for t in again}
+
+
+def test_every_skill_file_must_be_scored():
+    from skilljax.envs.search_qa import SearchQA
+    from skilljax.skills.bank import SkillBank
+    bank = SkillBank.for_env("search_qa")
+    no_attribute = [t for t in SearchQA.make_tasks("train", 12) if t.type != "attribute"]
+    with pytest.raises(ValueError, match="'attribute_lookup' serves task types \\['attribute'\\]"):
+        train_lib.check_validation_covers(bank, no_attribute, "train")
+    c = train_lib.load_config(str(ROOT / "configs" / "search_skill0.py") + ":runlocal")
+    train_tasks, val, _ = train_lib._tasks(c)
+    train_lib.check_validation_covers(bank, val, c.skills.val_split)  # the released split: test
 
 
 def test_rerun_resumes_and_finishes(workdir):
@@ -140,6 +188,14 @@ def test_search_skill0_runlocal(tmp_path):
     full = train_lib.load_config(cfg + ":checkpoint=/models/qwen")
     assert (full.rl.learning_rate, full.rl.group_size, full.rl.tasks_per_step) == (1e-6, 8, 128)
     assert (full.rl.invalid_penalty, full.eval.temperature, full.rl.steps) == (0.01, 0.4, 180)
+    # Released: AdamW decay 0.01, one optimiser step per 512 step samples, validation questions
+    # from the test split; exact match pays 1 (the env's reward).
+    assert (full.rl.weight_decay, full.rl.mini_batch_size, full.skills.val_split) == \
+        (0.01, 512, "test")
+    from skilljax.envs.search_qa import SearchQA
+    assert SearchQA.success_reward == 1.0
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["optimizer_steps"] == -(-r["trained_samples"] // 4) for r in rows)
 
 
 def test_alfworld_skill0_runlocal(tmp_path):
@@ -154,6 +210,8 @@ def test_alfworld_skill0_runlocal(tmp_path):
     assert (full.rl.learning_rate, full.rl.tasks_per_step, full.rl.invalid_penalty) == (1e-6, 16, 0.1)
     assert (full.env.kwargs.max_steps, full.prompt.require_think, full.env.test_split) == \
         (50, True, "valid_seen")
+    assert (full.rl.weight_decay, full.rl.mini_batch_size, full.skills.val_split) == \
+        (0.01, 256, "valid_seen")
     assert train_lib.rollout_config(full, evaluation=False).max_turns == 50  # the env's kwarg
 
 
@@ -161,7 +219,7 @@ def test_sweep_lists_the_ablations():
     out = subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"), CONFIG, "--workdir",
                           "/tmp/x", "--print"], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout.splitlines()
-    assert len(out) == 14 and all("skilljax.train" in line for line in out)
+    assert len(out) == 21 and all("skilljax.train" in line for line in out)  # 7 arms × 3 seeds
     assert any("variant=no_skills,seed=1" in line for line in out)
     assert all("--config.sft.cache_dir=/tmp/x/warm_start_cache" in line for line in out)
     only = lambda *a: subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"), CONFIG,
@@ -293,8 +351,10 @@ def test_sweep_results_folder_collects_finished_runs(tmp_path):
     # nothing has no successful-episode length (logged as 0), so it shows "–" and is not averaged.
     arm = sweep._seed_of(names[0])[0]
     twin = next(n for n in names if sweep._seed_of(n)[0] == arm and n != names[0])
-    lost = {**block(0.0), "success_steps": 0.0, "rejected_rate": 0.5, "repeat_rate": 0.25}
-    won = {**block(0.75), "success_steps": 6.0, "rejected_rate": 0.25, "repeat_rate": 0.25}
+    lost = {**block(0.0), "success_steps": 0.0, "rejected_rate": 0.5, "repeat_rate": 0.25,
+            "episodes": 60}
+    won = {**block(0.75), "success_steps": 6.0, "rejected_rate": 0.25, "repeat_rate": 0.25,
+           "episodes": 60}
     for name, final in ((names[0], won), (twin, lost)):
         record = {"eval": {"initial": {"without_skills": block(0.25), "with_skills": block(0.5)},
                            "final": {"without_skills": final, "with_skills": block(0.5)}}}
@@ -302,5 +362,6 @@ def test_sweep_results_folder_collects_finished_runs(tmp_path):
     row = next(line for line in sweep.seed_table(tmp_path / "runs", names,
                                                  tmp_path / "results").splitlines()
                if line.startswith(f"| {arm} |"))
-    assert row.endswith("| 0.375 | 6.000 | 0.375 | 0.250 |") and "0.250 → 0.000" in row
+    # The mean ± one 60-episode evaluation's binomial standard error, √(.375 · .625 / 60).
+    assert row.endswith("| 0.375 ± 0.062 | 6.000 | 0.375 | 0.250 |") and "0.250 → 0.000" in row
     assert "| – |" in sweep.summary_table(tmp_path / "runs", [twin], tmp_path / "results")

@@ -153,7 +153,7 @@ class Curriculum:
     def stage(self, step: int) -> int:
         """Stage s ∈ 1..N_S whose budget an update after `step` uses (0 only unclamped at step 0)."""
         done = max(step - 1, 0) if self.config.clamp_start else step - 1
-        return min(done * self.num_stages // self.config.total_steps + 1, self.num_stages)
+        return max(min(done * self.num_stages // self.config.total_steps + 1, self.num_stages), 0)
 
     def budget(self, step: int) -> int:
         return self.budgets[self.stage(step) - 1]   # stage 0 → budgets[-1]: the released bug
@@ -164,15 +164,28 @@ class Curriculum:
             return self.config.validate_at_start
         return step % self.config.validate_every == 0 or step == self.config.total_steps
 
-    def update(self, step: int, with_skills: Mapping[str, float],
+    def needs_with_pass(self, step: int) -> bool:
+        """Whether the update after `step` uses a with-skills pass: not when its budget is 0
+        (Algorithm 1 skips it: the selection is empty whatever Δ says), unless "Fixed Full"
+        keeps every file anyway and still logs Δ."""
+        return self.config.fixed_full or self.budget(step) > 0
+
+    def update(self, step: int, with_skills: Mapping[str, float] | None,
                without_skills: Mapping[str, float]) -> tuple[str, ...]:
         """New active files from per-task-type success rates with the active files and without.
 
         `with_skills` is measured with the files active now (Algorithm 1 line 10), so a type whose
         file was withdrawn measures only what is still active for it, as in the released code.
+        It is None when the pass was skipped (`needs_with_pass` is False): no Δ, no file kept.
         """
-        deltas = file_deltas(self.bank, with_skills, without_skills)
         stage, budget = self.stage(step), self.budget(step)
+        if with_skills is None:
+            if self.needs_with_pass(step):
+                raise ValueError(f"The update after step {step} has budget {budget}: it needs the "
+                                 "with-skills pass.")
+            deltas = {}
+        else:
+            deltas = file_deltas(self.bank, with_skills, without_skills)
         if self.config.fixed_full:
             active = self.bank.file_names
         else:
@@ -184,7 +197,8 @@ class Curriculum:
         self.history.append({
             "step": step, "stage": stage, "budget": budget, "deltas": deltas,
             "active": list(active),
-            "with_skills": {t: float(v) for t, v in with_skills.items()},
+            "with_skills": (None if with_skills is None else
+                            {t: float(v) for t, v in with_skills.items()}),
             "without_skills": {t: float(v) for t, v in without_skills.items()}})
         return active
 

@@ -227,3 +227,25 @@ def test_load_state_dict_checks_the_configuration():
         Curriculum(CHORES, CurriculumConfig(total_steps=30, budgets=(3, 3, 3))).load_state_dict(state)
     with pytest.raises(ValueError, match="not in the bank"):
         cur.load_state_dict({**state, "active": ["gone"]})
+
+
+def test_update_without_the_with_skills_pass_at_budget_zero():
+    """Algorithm 1 skips the with-skills pass when M(s) = 0: no Δ, nothing kept."""
+    bank = SkillBank.for_env("chores")
+    cur = Curriculum(bank, CurriculumConfig(total_steps=30, budgets=(6, 3, 0)))
+    assert cur.needs_with_pass(10) and cur.needs_with_pass(20) and not cur.needs_with_pass(30)
+    rates = {t: 0.5 for t in bank.task_types}
+    with pytest.raises(ValueError, match="needs the with-skills pass"):
+        cur.update(20, None, rates)
+    assert cur.update(30, None, rates) == ()
+    assert cur.history[-1]["deltas"] == {} and cur.history[-1]["with_skills"] is None
+    full = Curriculum(bank, CurriculumConfig(total_steps=30, budgets=(6, 3, 0), fixed_full=True))
+    assert full.needs_with_pass(30)  # Fixed Full keeps every file and still logs Δ
+
+
+def test_unclamped_step_zero_uses_the_last_budget_for_any_run_length():
+    bank = SkillBank.for_env("chores")
+    for total in (2, 3, 180):
+        cur = Curriculum(bank, CurriculumConfig(total_steps=total, budgets=(6, 3, 0),
+                                                clamp_start=False))
+        assert cur.stage(0) == 0 and cur.budget(0) == 0
