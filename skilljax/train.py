@@ -599,7 +599,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     if curriculum is not None and host["step"] == 0 and curriculum.due(0) \
             and not curriculum.history:  # `skills.validate_at_start`: the released step-0 update
         m = curriculum_update(run, curriculum, 0, jax.random.fold_in(rng, 10**6))
-        metrics.write(0, m)
+        metrics.write(0, dict(m, optimizer_steps=0, episodes=0, episodes_local=0))
         print("step 0:" + _val_line(m), flush=True)
         save(0)
     rcfg = rollout_config(c, evaluation=False)

@@ -82,6 +82,7 @@ def test_released_step_zero_update_from_the_config(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert rows[0]["active_after"] == [] and "val_with_skills" not in rows[0]
     assert "val_full_skills" in rows[0] and rows[1]["active_skills"] == 0
+    assert all({"optimizer_steps", "episodes", "episodes_local"} <= set(r) for r in rows)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["curriculum"][0]["step"] == 0 and summary["curriculum"][0]["deltas"] == {}
     assert summary["curriculum"][0]["budget"] == 0
