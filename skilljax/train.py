@@ -37,7 +37,7 @@ from skilljax.envs.pool import EnvPool
 from skilljax.evaluate import evaluate_policy
 from skilljax.metrics import MetricsWriter
 from skilljax.rl import learner as learner_lib
-from skilljax.rl import losses, sft
+from skilljax.rl import losses, sft, task_splits
 from skilljax.rl.checkpoint import Checkpointer
 from skilljax.rl.rollout import (LENGTH_MULTIPLE, PromptConfig, RolloutConfig, ThinkAction, collate,
                                  rollout)
@@ -93,6 +93,13 @@ def set_path(config: ml_collections.ConfigDict, key: str, value: str) -> None:
 
 def _jsonable(config: ml_collections.ConfigDict) -> dict:
     return json.loads(config.to_json_best_effort())
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON through a temporary file and a rename: a crash never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- builders
@@ -301,52 +308,6 @@ class _Run:
     test_tasks: list
 
 
-def task_content(task: envs_base.Task) -> str:
-    """What makes two tasks the same task: the type and the payload, whatever their ids."""
-    return json.dumps([task.type, task.payload], sort_keys=True, default=str)
-
-
-def validation_tasks(c, train_tasks) -> list:
-    """The curriculum's helpfulness tasks: `skills.val_tasks_per_type` per task type from split
-    `skills.val_split` (another seed than training), never a training task (by content)."""
-    cls = envs_base.env_class(c.env.name)
-    seen = {task_content(t) for t in train_tasks}
-    per_type = c.skills.val_tasks_per_type
-    candidates = cls.make_tasks(c.skills.val_split, per_type * 12, seed=c.seed + 7919,
-                                **dict(c.env.task_options))
-    val, count = [], {}
-    for t in candidates:
-        if task_content(t) not in seen and count.get(t.type, 0) < per_type:
-            val.append(t)
-            count[t.type] = count.get(t.type, 0) + 1
-    assert not seen & {task_content(t) for t in val}
-    return val
-
-
-def check_validation_covers(bank: SkillBank, val_tasks, split: str) -> None:
-    """Every skill file must be scored at every curriculum update: a file none of whose task
-    types is among the validation tasks gets no Δ and is dropped at the first update."""
-    types = {t.type for t in val_tasks}
-    for name in bank.file_names:
-        served = bank.task_types_of(name)
-        if not types & set(served):
-            raise ValueError(
-                f"Skill file {name!r} serves task types {list(served)}, but the validation tasks "
-                f"(skills.val_split={split!r}) hold none of them ({sorted(types)}): the curriculum "
-                "could never score it and would drop it at its first update. Validate on a split "
-                "that has them (--config.skills.val_split=...; with Search-R1 data the training "
-                "questions have no PopQA rows, so validate on 'test' as the released code does).")
-
-
-def _tasks(c):
-    cls = envs_base.env_class(c.env.name)
-    opts = dict(c.env.task_options)
-    train_tasks = cls.make_tasks("train", c.env.train_tasks, seed=c.seed, **opts)
-    val = validation_tasks(c, train_tasks) if c.skills.enabled else []
-    test_tasks = cls.make_tasks(c.env.get("test_split", "test"), c.eval.tasks, seed=c.seed, **opts)
-    return train_tasks, val, test_tasks
-
-
 def build_model(c, tok: Tokenizer, mesh=None):
     """The policy the config describes (a preset sized by the tokenizer, or an HF checkpoint)."""
     overrides = dict(c.model.overrides)
@@ -368,9 +329,9 @@ def _build(c, workdir: Path, *, train_tokenizer: bool) -> _Run:
                    timeout_s=c.env.timeout_s)
     bank = SkillBank.load(c.skills.dir) if c.skills.dir else SkillBank.for_env(c.env.name)
     fmt = response_format(c)
-    train_tasks, val_tasks, test_tasks = _tasks(c)
+    train_tasks, val_tasks, test_tasks = task_splits.run_tasks(c)
     if c.skills.enabled:
-        check_validation_covers(bank, val_tasks, c.skills.val_split)
+        task_splits.check_validation_covers(bank, val_tasks, c.skills.val_split)
 
     tok_dir = workdir / "tokenizer"
     distributed.barrier("tokenizer")  # every process looks before process 0 writes one
@@ -541,9 +502,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     timing.update(host.get("timing", {}))
     add_time("build", time.time() - t_start)
     if distributed.is_main():  # the resolved config of this (or this resumed) run
-        tmp = workdir / "config.json.tmp"
-        tmp.write_text(json.dumps(_jsonable(c), indent=1))
-        os.replace(tmp, workdir / "config.json")
+        write_json(workdir / "config.json", _jsonable(c))
     metrics = (MetricsWriter(workdir, config=_jsonable(c), resume_step=host["step"] + 1,
                              tensorboard=c.metrics.tensorboard)
                if distributed.is_main() else _NoMetrics())
@@ -669,9 +628,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                "warm_start": host["warm_start"], "eval": host["eval"],
                "curriculum": curriculum.history if curriculum is not None else []}
     if distributed.is_main():
-        tmp = workdir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1))
-        os.replace(tmp, workdir / "summary.json")
+        write_json(workdir / "summary.json", summary)
         from skilljax import plots
         plots.write_all(workdir)
     return summary
@@ -734,9 +691,7 @@ def evaluate_workdir(config, workdir, step: int | None = None) -> dict:
     run.pool.close()
     block["step"] = step
     if distributed.is_main():
-        tmp = workdir / f"eval_{step}.json.tmp"
-        tmp.write_text(json.dumps(block, indent=1))
-        os.replace(tmp, workdir / f"eval_{step}.json")
+        write_json(workdir / f"eval_{step}.json", block)
     return block
 
 

@@ -88,31 +88,6 @@ def test_released_step_zero_update_from_the_config(tmp_path):
     assert summary["curriculum"][0]["budget"] == 0
 
 
-def test_validation_tasks_are_never_training_tasks():
-    from skilljax.envs.base import env_class
-    c = train_lib.load_config(CONFIG)
-    train_tasks, val, _ = train_lib._tasks(c)
-    content = {train_lib.task_content(t) for t in train_tasks}
-    assert val and not content & {train_lib.task_content(t) for t in val}
-    assert {t.type for t in val} == set(env_class("chores").task_types())
-    # Candidates that are training tasks are skipped, whatever their ids.
-    again = train_lib.validation_tasks(c, val)
-    assert again and not {train_lib.task_content(t) for t in val} & {
-        train_lib.task_content(t) for t in again}
-
-
-def test_every_skill_file_must_be_scored():
-    from skilljax.envs.search_qa import SearchQA
-    from skilljax.skills.bank import SkillBank
-    bank = SkillBank.for_env("search_qa")
-    no_attribute = [t for t in SearchQA.make_tasks("train", 12) if t.type != "attribute"]
-    with pytest.raises(ValueError, match="'attribute_lookup' serves task types \\['attribute'\\]"):
-        train_lib.check_validation_covers(bank, no_attribute, "train")
-    c = train_lib.load_config(str(ROOT / "configs" / "search_skill0.py") + ":runlocal")
-    train_tasks, val, _ = train_lib._tasks(c)
-    train_lib.check_validation_covers(bank, val, c.skills.val_split)  # the released split: test
-
-
 def test_rerun_resumes_and_finishes(workdir):
     before = (workdir / "summary.json").read_text()
     proc = run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", workdir,
