@@ -415,7 +415,8 @@ def warm_start_data(run: _Run):
 
 def sft_config(c) -> sft.SFTConfig:
     return sft.SFTConfig(learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
-                         steps=c.sft.steps, batch_size=c.sft.batch_size)
+                         steps=c.sft.steps, batch_size=c.sft.batch_size,
+                         prompt_loss_weight=float(c.sft.get("prompt_loss_weight", 0.0)))
 
 
 def _warm_start(run: _Run, log, on_check=None) -> dict:

@@ -31,6 +31,7 @@ class SFTConfig:
     batch_size: int = 32
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    prompt_loss_weight: float = 0.0
 
 
 def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
@@ -49,11 +50,23 @@ def response_nll(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT,
     return -(logp_BT * loss_mask_BT).sum() / n
 
 
-@nnx.jit(donate_argnums=(0, 1), static_argnums=(5,))
+def sft_loss(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT, window: int | None,
+             prompt_weight: float):
+    """`response_nll`, plus `prompt_weight` × the mean NLL of the prompt tokens (position ≥ 1)."""
+    if not prompt_weight:
+        return response_nll(model, tokens_BT, loss_mask_BT, attn_mask_BT, window)
+    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT, 1.0)
+    resp = -(logp_BT * loss_mask_BT).sum() / jnp.maximum(loss_mask_BT.sum(), 1.0)
+    prompt_BT = (attn_mask_BT > 0) & (loss_mask_BT == 0) & (jnp.arange(tokens_BT.shape[1]) > 0)
+    prompt = -(logp_BT * prompt_BT).sum() / jnp.maximum(prompt_BT.sum(), 1.0)
+    return resp + prompt_weight * prompt
+
+
+@nnx.jit(donate_argnums=(0, 1), static_argnums=(5, 6))
 def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, attn_mask_BT,
-          window: int | None):
-    loss, grads = nnx.value_and_grad(response_nll)(model, tokens_BT, loss_mask_BT, attn_mask_BT,
-                                                    window)
+          window: int | None, prompt_weight: float = 0.0):
+    loss, grads = nnx.value_and_grad(sft_loss)(model, tokens_BT, loss_mask_BT, attn_mask_BT,
+                                                window, prompt_weight)
     optimizer.update(model, grads)
     return loss, optax.global_norm(grads)
 
@@ -82,6 +95,9 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
     """
     if not samples:
         raise ValueError("SFT needs at least one expert step sample.")
+    if cfg.prompt_loss_weight < 0:
+        raise ValueError(f"sft.prompt_loss_weight={cfg.prompt_loss_weight} must be >= 0 (0: loss on "
+                         "response tokens only).")
     if later and admit_later is None:
         raise ValueError("sft.train: `later` samples need an `admit_later(step)` condition.")
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
@@ -105,7 +121,7 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
         arrays = _batch([pool[i] for i in idx], pad_id)
         window = response_window(arrays[1])
         loss, gnorm = _step(model, optimizer, *(shd.put_replicated(a, model.layout) for a in arrays),
-                            window)
+                            window, cfg.prompt_loss_weight)
         metrics = dict(step=step + 1, loss=float(loss), grad_norm=float(gnorm),
                        step_s=time.perf_counter() - t0)
         history.append(metrics)
