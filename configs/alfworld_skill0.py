@@ -25,9 +25,7 @@ Arguments: `checkpoint` (HF directory with the model and tokenizer.json; require
 Hardware: the released runs used 4 GPUs (80 GB); on TPU use an fsdp mesh over the slice.
 """
 
-import ml_collections
-
-from skilljax.config import apply_variant, parse_arg, skill0_variants
+from skilljax.config import apply_variant, base_config, parse_arg, skill0_variants
 
 VARIANTS = skill0_variants(6)  # five task-family files + general skills
 
@@ -38,46 +36,23 @@ def get_config(arg=None):
     if not arg.checkpoint and not arg.runlocal:
         raise ValueError("configs/alfworld_skill0.py needs checkpoint=<HF directory of "
                          "Qwen2.5-3B/7B-Instruct> (weights are never downloaded), or runlocal.")
-    c = ml_collections.ConfigDict()
+    c = base_config()  # the schema's defaults are these released settings; the rest:
     c.seed = arg.seed
-    c.mesh = ""  # e.g. "fsdp=4" on 4 GPUs, "fsdp=8" on a v5e-8
-
-    c.env = dict(name="alfworld", workers=16, timeout_s=300.0, kwargs={"max_steps": 50},
-                 task_options={}, train_tasks=3000, test_split=arg.eval_split)
-    c.tokenizer = dict(path=arg.checkpoint, vocab_size=0, corpus_tasks=0)
-    c.model = dict(checkpoint=arg.checkpoint, dtype="bfloat16", overrides={})
-    c.prompt = dict(role="You are an expert agent operating in the ALFRED embodied environment.",
-                    history_length=50, show_admissible=True, require_think=True, instruction=None,
-                    max_prompt_tokens=5120, format="think_action")
-    c.sft = dict(steps=0, batch_size=16, learning_rate=1e-5, warmup_steps=0, tasks=0,
-                 check_every=0, target_heldout_nll=0.0, with_skills=True, task_options={},
-                 without_skills_fraction=0.0, bare_task_options={}, cache_dir="")
-    c.rl = dict(steps=180, tasks_per_step=16, group_size=8, max_turns=50, max_new_tokens=512,
-                temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6, weight_decay=0.01,
-                grad_clip=1.0, clip_low=0.2, clip_high=0.2, dual_clip=3.0, loss_agg="token-mean",
-                entropy_coef=0.001, kl_coef=0.0, kl_kind="k3", mini_batch_size=256,
-                micro_batch_size=8, ppo_epochs=1, recompute_old_logp=True, advantage="grpo",
-                group_stats="trajectory", gigpo_gamma=0.95, gigpo_mode="mean_norm",
-                gigpo_step_weight=1.0, invalid_penalty=0.1, drop_zero_advantage=False,
-                batch_multiple=64)
-    c.skills = dict(enabled=True, dir="", validate_every=10, num_stages=3, budgets=(6, 3, 0),
-                    filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
+    c.env.update(name="alfworld", kwargs={"max_steps": 50}, test_split=arg.eval_split)
+    c.tokenizer.path = c.model.checkpoint = arg.checkpoint
+    c.prompt.update(role="You are an expert agent operating in the ALFRED embodied environment.",
+                    history_length=50, max_prompt_tokens=5120)
+    c.skills.update(budgets=(6, 3, 0),
                     val_tasks_per_type=22,  # ≈ the released 128 validation games
-                    val_split="valid_seen", clamp_start=True, validate_at_start=False,
-                    track_full_set=True)
-    c.eval = dict(tasks=128, temperature=0.4, samples_per_task=1, seeds=1)
-    c.checkpoint = dict(every=10, keep=3)
-    c.metrics = dict(tensorboard=True)
-    c = ml_collections.ConfigDict(c)
+                    val_split="valid_seen")
     apply_variant(c, VARIANTS, arg.variant)
 
     if arg.runlocal:  # the same pipeline, a tiny random policy, a handful of synthesized games
         c.env.update(workers=2, train_tasks=6, kwargs={"max_steps": 4})
-        c.tokenizer = ml_collections.ConfigDict(dict(path="", vocab_size=700, corpus_tasks=3))
-        c.model = ml_collections.ConfigDict(dict(
-            checkpoint="tiny", dtype="float32",
-            overrides=dict(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2, num_kv_heads=2,
-                           head_dim=32)))
+        c.tokenizer.update(path="", vocab_size=700, corpus_tasks=3)
+        c.model.update(checkpoint="tiny", dtype="float32")
+        c.model.overrides.update(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2,
+                                 num_kv_heads=2, head_dim=32)
         c.prompt.update(history_length=2, max_prompt_tokens=None)
         c.sft.update(steps=3, tasks=3, batch_size=8, learning_rate=1e-3)
         c.rl.update(steps=2, tasks_per_step=2, group_size=2, max_turns=4, max_new_tokens=12,

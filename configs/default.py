@@ -31,70 +31,52 @@ for three seeds: `python launch/sweep.py configs/default.py`.
 Hardware: 2 CPU cores. Expected time and results: see README "Results".
 """
 
-import ml_collections
-
-from skilljax.config import apply_variant, parse_arg, reuse_section, skill0_variants
+from skilljax.config import apply_variant, base_config, parse_arg, skill0_variants
 
 VARIANTS = skill0_variants(6)  # six chores skill files: [6, 6, 6] and [3, 3, 3] budgets
 
 
 def get_config(arg=None):
     arg = parse_arg(arg, seed=0, runlocal=False, variant="curriculum")
-    c = ml_collections.ConfigDict()
+    c = base_config()
     c.seed = arg.seed
-    c.mesh = ""  # e.g. "data=2": shard over devices; "" = one device
 
-    c.env = dict(name="chores", workers=2, timeout_s=60.0, kwargs={}, task_options={},
-                 train_tasks=600)
-    c.tokenizer = dict(path="", vocab_size=1024, corpus_tasks=300)
-    c.model = dict(checkpoint="tiny", dtype="float32",
-                   overrides=dict(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
-                                  num_kv_heads=4, head_dim=32))
+    c.env.update(name="chores", workers=2, timeout_s=60.0, train_tasks=600)
+    c.tokenizer.update(vocab_size=1024, corpus_tasks=300)
+    c.model.checkpoint, c.model.dtype = "tiny", "float32"
+    c.model.overrides.update(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
+                             num_kv_heads=4, head_dim=32)
     # Prompts as the tiny policy reads them: Markov observations, no history, no admissible list.
-    c.prompt = dict(role="", history_length=0, show_admissible=False, require_think=False,
-                    instruction="", max_prompt_tokens=None)
+    c.prompt.update(history_length=0, show_admissible=False, require_think=False, instruction="",
+                    max_prompt_tokens=None)
 
     # Reading procedure text appears abruptly (an induction-style lookup) at a seed-dependent step:
     # `steps` is a budget, the run stops at the held-out target. The skill-free episodes slow
     # that jump down (seed 0 never made it within 4,500 steps with them from step 1), so they join
     # once the held-out NLL is below `bare_after_nll` (both seeds then reach the target: README).
-    c.sft = dict(steps=4500, batch_size=16, learning_rate=3e-3, warmup_steps=20, tasks=3000,
-                 check_every=250, target_heldout_nll=0.06,
-                 with_skills=True, task_options={"source": "random"}, without_skills_fraction=0.25,
+    c.sft.update(steps=4500, learning_rate=3e-3, warmup_steps=20, tasks=3000, check_every=250,
+                 target_heldout_nll=0.06, task_options={"source": "random"},
+                 without_skills_fraction=0.25,
                  # No-skill episodes: verbs known by heart, and unknown verbs (whose device the
                  # policy cannot know: it learns to spread its guesses, so RL can explore).
                  bare_task_options=({"source": "convention"}, {"source": "random"}),
-                 # Skill-free episodes join once the held-out NLL is below this (0: from step 1).
-                 bare_after_nll=0.15, cache_dir="", prompt_loss_weight=0.1)
+                 bare_after_nll=0.15, prompt_loss_weight=0.1)
 
-    c.rl = dict(steps=180, tasks_per_step=6, group_size=8, max_turns=10, max_new_tokens=16,
-                temperature=1.0, top_p=1.0, top_k=0, learning_rate=5e-4, weight_decay=0.0,
-                grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0, loss_agg="token-mean",
-                entropy_coef=0.0, kl_coef=0.0, kl_kind="k3", mini_batch_size=None,
-                micro_batch_size=None, ppo_epochs=1, recompute_old_logp=True,
-                advantage="gigpo", group_stats="trajectory", gigpo_gamma=0.95,
-                gigpo_mode="mean_norm", gigpo_step_weight=1.0, invalid_penalty=0.1,
-                drop_zero_advantage=True, batch_multiple=64)
-
-    c.skills = dict(enabled=True, dir="", validate_every=10, num_stages=3, budgets=None,
-                    filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
-                    val_tasks_per_type=6, val_split="train", clamp_start=True,
-                    validate_at_start=False, track_full_set=True)
-
-    c.eval = dict(tasks=60, temperature=0.0, samples_per_task=1, seeds=1)
+    c.rl.update(steps=180, tasks_per_step=6, max_turns=10, max_new_tokens=16, learning_rate=5e-4,
+                weight_decay=0.0, clip_high=0.28, entropy_coef=0.0, mini_batch_size=None,
+                micro_batch_size=None, advantage="gigpo", drop_zero_advantage=True)
+    c.skills.update(val_tasks_per_type=6)
+    c.eval.update(tasks=60, temperature=0.0)
     # ReuseRL's segmentation cost composes with the curriculum: --config.reuse.mode=segcost.
-    c.reuse = reuse_section("none")
-    c.checkpoint = dict(every=10, keep=2)
-    c.metrics = dict(tensorboard=True)
-
-    c = ml_collections.ConfigDict(c)
+    c.reuse.enabled = True  # the dictionary is extracted and logged (mode "none": no reward)
+    c.checkpoint.keep = 2
     apply_variant(c, VARIANTS, arg.variant)
 
     if arg.runlocal:
         c.env.train_tasks = 24
         c.tokenizer.corpus_tasks = 40
         c.tokenizer.vocab_size = 512
-        c.model.overrides = dict(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2,
+        c.model.overrides.update(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2,
                                  num_kv_heads=2, head_dim=32)
         c.sft.steps, c.sft.tasks, c.sft.batch_size, c.sft.check_every = 10, 30, 16, 5
         c.rl.steps, c.rl.tasks_per_step, c.rl.group_size, c.rl.max_turns = 4, 2, 2, 6

@@ -1,10 +1,317 @@
-"""Helpers shared by the config files in configs/ (big_vision style)."""
+"""Config files: loading with command-line overrides, a workdir's resolved config, and the helpers
+shared by the files in configs/ (big_vision style).
+
+A config file defines `get_config(arg)` → ConfigDict (and optionally `sweep(add, arg)`);
+`load_config("configs/x.py:arg", ["--config.a.b=v", ...])` calls it and applies the overrides.
+A run writes its resolved config to `WORKDIR/config.json`; `workdir_config(WORKDIR)` reads it back,
+so tools that act on a finished run (evaluate, export_hf) need only `--workdir`.
+"""
 
 from __future__ import annotations
 
 import ast
+import difflib
+import importlib.util
+import json
+import os
+from pathlib import Path
 
 import ml_collections
+
+# ---------------------------------------------------------------------------- the schema
+
+# Nodes whose keys are free-form (env constructor arguments, task generator options): set whole.
+OPEN = ("env.kwargs", "env.task_options", "sft.task_options")
+
+# QwenConfig fields a config may override (None: the preset's or the checkpoint's value).
+_MODEL_FIELDS = dict(vocab_size=int, embed_dim=int, mlp_dim=int, num_layers=int, num_heads=int,
+                     num_kv_heads=int, head_dim=int, model_type=str, rope_theta=float,
+                     rms_norm_eps=float, tie_embeddings=bool, qkv_bias=bool, out_bias=bool,
+                     qk_norm=bool, max_position_embeddings=int, initializer_range=float,
+                     remat=bool)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every config key, once, with its default: the released SKILL0 ALFWorld settings where the
+    key is theirs (`shared/reference/skill0_released_code.md`). Experiment files in configs/ start
+    from it and set only what differs. Locked: setting an unknown key is an error."""
+    placeholder = ml_collections.config_dict.placeholder
+    c = ml_collections.ConfigDict()
+    c.seed = 0                        # model init, task sampling, rollouts, curriculum ties
+    c.mesh = ""                       # device mesh, e.g. "fsdp=8" or "data=2,tensor=4"; "" = one device
+    c.env = dict(
+        name="chores",                # environment (skilljax.envs registry)
+        workers=16,                   # env worker processes of the pool
+        timeout_s=300.0,              # a worker that takes longer for one call is an error
+        kwargs={},                    # env constructor arguments, e.g. {"max_steps": 50}
+        task_options={},              # task generator options (training, validation and test)
+        train_tasks=3000,             # size of the training task pool
+        test_split="test",            # split the test tasks come from
+    )
+    c.tokenizer = dict(
+        path="",                      # directory with tokenizer.json; "" = train one on env text
+        vocab_size=0,                 # vocabulary of a trained tokenizer
+        corpus_tasks=0,               # expert episodes in a trained tokenizer's corpus
+    )
+    c.model = dict(
+        checkpoint="",                # HF directory, or a preset name ("tiny") for a random init
+        dtype="bfloat16",             # compute and parameter dtype
+        overrides={k: placeholder(t) for k, t in _MODEL_FIELDS.items()},  # QwenConfig fields
+    )
+    c.prompt = dict(
+        role="",                      # first line of every prompt ("" = none)
+        history_length=2,             # previous (observation, action) pairs shown
+        show_admissible=True,         # list the env's admissible actions
+        require_think=True,           # responses must hold <think>...</think> before the action
+        instruction=None,             # response-format instruction; None = the format's own
+        max_prompt_tokens=4096,       # longer prompts are cut from the history; None = no limit
+        format="think_action",        # "think_action" or "search_answer"
+    )
+    c.sft = dict(                     # the supervised warm start (skilljax.rl.warm_start)
+        steps=0,                      # optimizer steps (a budget with check_every); 0 = none
+        batch_size=16,                # step samples per optimizer step
+        learning_rate=1e-5,           # peak AdamW learning rate (cosine decay)
+        warmup_steps=0,               # linear warm-up steps
+        tasks=0,                      # expert episodes (a tenth more, held out, for the checks)
+        check_every=0,                # held-out NLL every n steps; 0 = never
+        target_heldout_nll=0.0,       # stop once the held-out NLL is below this
+        with_skills=True,             # show each episode's skill text
+        task_options={},              # the warm-start tasks' generator options
+        without_skills_fraction=0.0,  # share of episodes shown without skill text
+        bare_task_options=None,       # generator options (or a list) of those episodes
+        bare_after_nll=0.0,           # they join once the held-out NLL is below it; 0 = from step 1
+        expert_noise=0.0,             # rate of random (not trained on) actions in expert episodes
+        expert_repeat=0.0,            # share of those that repeat the previous action
+        prompt_loss_weight=0.0,       # weight of the prompt tokens' mean NLL in the loss
+        cache_dir="",                 # share warm starts between runs with equal inputs
+    )
+    c.rl = dict(
+        steps=180,                    # RL steps
+        tasks_per_step=16,            # tasks (groups) per step
+        group_size=8,                 # rollouts per task (G)
+        max_turns=50,                 # episode step limit (at most the env's; 0 = the env's)
+        max_new_tokens=512,           # response tokens per env step
+        temperature=1.0,              # rollout sampling
+        top_p=1.0,
+        top_k=0,
+        learning_rate=1e-6,           # AdamW
+        weight_decay=0.01,
+        grad_clip=1.0,                # global gradient norm
+        clip_low=0.2,                 # PPO ratio clip 1 - clip_low ...
+        clip_high=0.2,                # ... 1 + clip_high
+        dual_clip=3.0,                # dual-clip bound for negative advantages; None = off
+        loss_agg="token-mean",        # token-mean, seq-mean-token-mean or seq-mean-token-sum
+        entropy_coef=0.001,           # entropy bonus
+        kl_coef=0.0,                  # KL to the initial policy
+        kl_kind="k3",                 # k1, k2 or k3
+        mini_batch_size=256,          # step samples per optimizer step; None = the whole batch
+        micro_batch_size=8,           # step samples per gradient accumulation slice; None = all
+        ppo_epochs=1,                 # passes over the batch
+        recompute_old_logp=True,      # old logprobs from the learner, not the sampler
+        advantage="grpo",             # grpo, drgrpo, rloo or gigpo
+        group_stats="trajectory",     # "trajectory" (SKILL0 eq. 5) or "step" (released code)
+        gigpo_gamma=0.95,             # GiGPO: discount of step returns
+        gigpo_mode="mean_norm",       # GiGPO: step-group normalisation
+        gigpo_step_weight=1.0,        # GiGPO: weight of the step advantage
+        invalid_penalty=0.1,          # reward of an invalid action (subtracted)
+        drop_zero_advantage=False,    # leave samples with advantage 0 out of the batch
+        batch_multiple=64,            # batch rows padded to a multiple of this
+    )
+    c.skills = dict(                  # in-context skills and the SKILL0 curriculum
+        enabled=True,                 # skill text in prompts (off: no curriculum)
+        dir="",                       # skill bank directory; "" = the env's own bank
+        validate_every=10,            # curriculum update every d steps
+        num_stages=3,                 # budget stages N_S
+        budgets=None,                 # explicit budgets per stage; None = paper eq. 6
+        filter=True,                  # drop files with negative helpfulness
+        rank="delta",                 # "delta" or "random"
+        fixed_full=False,             # every file, never withdrawn
+        keep_general=True,            # the general file first, taking one budget slot
+        strict=False,                 # keep only files with helpfulness > 0
+        val_tasks_per_type=22,        # validation tasks per task type
+        val_split="train",            # split the validation tasks come from
+        clamp_start=True,             # the first stage keeps every file
+        validate_at_start=False,      # the released code's update before step 1
+        track_full_set=True,          # also validate with every file, for plots
+    )
+    c.eval = dict(
+        tasks=128,                    # test tasks
+        temperature=0.4,              # 0 = greedy
+        top_p=1.0,
+        top_k=0,
+        samples_per_task=1,           # k of pass@k / SC@k
+        seeds=1,                      # evaluation passes with different env seeds
+    )
+    c.reuse = dict(                   # ReuseRL: skill dictionary and segmentation cost
+        enabled=False,                # extract the dictionary from successes (and log it)
+        **reuse_section("none"),
+    )
+    c.checkpoint = dict(
+        every=10,                     # RL steps between checkpoints
+        keep=3,                       # checkpoints kept
+    )
+    c.metrics = dict(
+        tensorboard=True,             # also write TensorBoard events
+    )
+    c.lock()
+    for path in OPEN:
+        _node(c, path).unlock()
+    return c
+
+
+def _node(c, path: str):
+    for p in path.split("."):
+        c = c[p]
+    return c
+
+
+def _leaves(d: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key not in OPEN:
+            out |= _leaves(v, key + ".")
+        else:
+            out.add(key)
+    return out
+
+
+def check_schema(config: ml_collections.ConfigDict, source: str = "the config") -> None:
+    """Every key of `base_config()` present and nothing else (free-form nodes aside): a config
+    file that replaced a section instead of updating it, or added a key, fails here."""
+    want, have = _leaves(to_dict(base_config())), _leaves(to_dict(config))
+    missing, extra = sorted(want - have), sorted(have - want)
+    if missing or extra:
+        hints = {k: difflib.get_close_matches(k, sorted(want), n=1, cutoff=0.6) for k in extra}
+        extra_s = ", ".join(f"{k} (did you mean {h[0]}?)" if h else k for k, h in hints.items())
+        raise ValueError(f"{source} does not match the config schema (skilljax.config."
+                         f"base_config): " + "; ".join(
+                             part for part in (f"unknown keys: {extra_s}" if extra else "",
+                                               f"missing keys: {', '.join(missing)}" if missing
+                                               else "") if part)
+                         + ". Start from base_config() and set sections with .update(...).")
+
+
+def merge(config: ml_collections.ConfigDict, values: dict) -> ml_collections.ConfigDict:
+    """Set nested `values` into `config` key by key (free-form nodes replaced whole)."""
+    def go(node, vals, prefix):
+        for k, v in vals.items():
+            key = f"{prefix}{k}"
+            if k not in node:
+                raise _no_key(key, k, node)
+            if isinstance(v, dict) and key not in OPEN and isinstance(node[k], ml_collections.ConfigDict):
+                go(node[k], v, key + ".")
+            else:
+                node[k] = v
+    go(config, values, "")
+    return config
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_config(spec: str, overrides: list[str] | None = None) -> ml_collections.ConfigDict:
+    """`configs/x.py[:arg]` → its get_config(arg), then `--config.a.b=value` overrides."""
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Config file {path!r} not found.")
+    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg or None)
+    check_schema(config, f"{path}'s get_config({arg!r})")
+    apply_overrides(config, overrides or [])
+    return config
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> None:
+    for item in overrides:
+        if not item.startswith("--config."):
+            raise ValueError(f"Unknown argument {item!r}; overrides look like --config.a.b=value.")
+        key, sep, value = item[len("--config."):].partition("=")
+        if not sep:
+            raise ValueError(f"Override {item!r} needs a value: --config.{key}=VALUE.")
+        set_path(config, key, value)
+
+
+def _no_key(key: str, missing: str, node) -> KeyError:
+    close = difflib.get_close_matches(missing, list(node.keys()), n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(k) for k in close)}? " if close else ""
+    return KeyError(f"--config.{key}: no {missing!r} in the config; {hint}"
+                    f"(keys there: {sorted(node.keys())}).")
+
+
+def set_path(config: ml_collections.ConfigDict, key: str, value: str) -> None:
+    """Set `a.b.c` to `value` (a Python literal, or else the string), typed like the old value."""
+    node = config
+    for p in key.split(".")[:-1]:
+        if p not in node:
+            raise _no_key(key, p, node)
+        node = node[p]
+    leaf = key.split(".")[-1]
+    if leaf not in node:
+        raise _no_key(key, leaf, node)
+    old = node[leaf]
+    if old is None:  # a typed placeholder (e.g. model.overrides.remat) converts like its type
+        kind = node.get_type(leaf)
+        old = {bool: False, int: 0, float: 0.0, str: ""}.get(kind, None)
+        if kind is str:
+            node[leaf] = value
+            return
+    try:
+        new = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        new = value
+    if isinstance(old, bool) and isinstance(new, str):
+        if new.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise ValueError(f"--config.{key}={value!r}: expected true or false.")
+        new = new.lower() in ("1", "true", "yes")
+    elif isinstance(old, float) and isinstance(new, int) and not isinstance(new, bool):
+        new = float(new)
+    node[leaf] = new
+
+
+# ---------------------------------------------------------------------------- a workdir's config
+
+
+def to_dict(config: ml_collections.ConfigDict) -> dict:
+    """The config as plain JSON types (tuples become lists)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON through a temporary file and a rename: a crash never leaves half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def workdir_config(workdir, overrides: list[str] | None = None) -> ml_collections.ConfigDict:
+    """The resolved config a run wrote to `WORKDIR/config.json`, with `--config.a.b=v` overrides
+    (e.g. evaluation settings)."""
+    path = Path(workdir) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: is {workdir} a skilljax.train workdir? Runs "
+                                f"write their config there when they start; for an older run "
+                                f"pass --config configs/x.py[:arg] (the config it was trained "
+                                f"with).")
+    try:
+        config = merge(base_config(), json.loads(path.read_text()))
+    except KeyError as e:
+        raise KeyError(f"{path} has a key this version of the schema does not know ({e}); pass "
+                       f"--config configs/x.py[:arg], the config the run was trained with.") from e
+    apply_overrides(config, overrides or [])
+    return config
+
+
+def config_files(root: str | os.PathLike | None = None) -> list[str]:
+    """The experiment config files shipped in configs/ (for --help)."""
+    root = Path(root) if root else Path(__file__).resolve().parent.parent / "configs"
+    return sorted(p.name for p in root.glob("*.py") if not p.name.startswith("_"))
+
+
+# ---------------------------------------------------------------------------- config-file helpers
 
 
 def parse_arg(arg: str | None, *, lazy: bool = False, **spec) -> ml_collections.ConfigDict:
@@ -105,48 +412,30 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
     if not (arg.checkpoint or arg.cpu or arg.runlocal):
         raise ValueError(f"A ReuseRL config needs checkpoint=<HF directory of {model}> (weights "
                          "are never downloaded), or cpu (the CPU-scale run), or runlocal.")
-    c = ml_collections.ConfigDict()
+    c = base_config()
     c.seed = arg.seed
-    c.mesh = ""
-    c.env = dict(name=env["name"], workers=16, timeout_s=300.0, kwargs={"max_steps": horizon},
+    c.env.update(name=env["name"], kwargs={"max_steps": horizon},
                  task_options=dict(env.get("task_options", {})), train_tasks=5000,
                  test_split=env.get("test_split", "test"))
-    c.tokenizer = dict(path=arg.checkpoint, vocab_size=0, corpus_tasks=0)
-    c.model = dict(checkpoint=arg.checkpoint, dtype="bfloat16", overrides={})
-    c.prompt = dict(role=env["role"], history_length=env.get("history_length", 2),
-                    show_admissible=env.get("show_admissible", True), require_think=True,
-                    instruction=None, max_prompt_tokens=4096, format="think_action")
-    c.sft = dict(steps=0, batch_size=16, learning_rate=1e-5, warmup_steps=0, tasks=0,
-                 check_every=0, target_heldout_nll=0.0, with_skills=False, task_options={},
-                 without_skills_fraction=0.0, bare_task_options={}, expert_noise=0.0,
-                 expert_repeat=0.0, cache_dir="")
-    c.rl = dict(steps=300, tasks_per_step=16, group_size=8, max_turns=horizon,
-                max_new_tokens=512, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-6,
-                weight_decay=0.01, grad_clip=1.0, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
-                loss_agg="token-mean", entropy_coef=0.001, kl_coef=0.0, kl_kind="k3",
-                mini_batch_size=256, micro_batch_size=8, ppo_epochs=1, recompute_old_logp=True,
-                advantage="grpo", group_stats="trajectory", gigpo_gamma=0.95,
-                gigpo_mode="mean_norm", gigpo_step_weight=1.0, invalid_penalty=0.01,
-                drop_zero_advantage=False, batch_multiple=64)
+    c.tokenizer.path = c.model.checkpoint = arg.checkpoint
+    c.prompt.update(role=env["role"], history_length=env.get("history_length", 2),
+                    show_admissible=env.get("show_admissible", True), max_prompt_tokens=4096)
+    c.sft.with_skills = False
+    c.rl.update(steps=300, max_turns=horizon, clip_high=0.28, invalid_penalty=0.01)
     # No in-context skills: ReuseRL's skills are the dictionary's phrases, not texts.
-    c.skills = dict(enabled=False, dir="", validate_every=10, num_stages=3, budgets=None,
-                    filter=True, rank="delta", fixed_full=False, keep_general=True, strict=False,
-                    val_tasks_per_type=4, val_split="train", clamp_start=True,
-                    validate_at_start=False, track_full_set=True)
-    c.eval = dict(tasks=env.get("eval_tasks", 256), samples_per_task=1, seeds=3, **eval_sampling)
-    c.reuse = reuse_section()
-    c.checkpoint = dict(every=20, keep=2)
-    c.metrics = dict(tensorboard=True)
-    c = ml_collections.ConfigDict(c)
+    c.skills.update(enabled=False, val_tasks_per_type=4)
+    c.eval.update(tasks=env.get("eval_tasks", 256), seeds=3, **eval_sampling)
+    c.reuse.enabled = True
+    c.checkpoint.update(every=20, keep=2)
     apply_variant(c, REUSE_VARIANTS, arg.variant)
 
     if arg.cpu or arg.runlocal:
         c.env.update(workers=2, train_tasks=cpu["train_tasks"], task_options=cpu["task_options"])
         c.env.kwargs.max_steps = c.rl.max_turns = cpu.get("horizon", horizon)
         c.tokenizer.update(vocab_size=1024, corpus_tasks=200)
-        c.model.update(checkpoint="tiny", dtype="float32",
-                       overrides=dict(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
-                                      num_kv_heads=4, head_dim=32))
+        c.model.update(checkpoint="tiny", dtype="float32")
+        c.model.overrides.update(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
+                                 num_kv_heads=4, head_dim=32)
         c.prompt.update(role="", history_length=cpu.get("history_length", 0),
                         show_admissible=False, require_think=False, instruction="",
                         max_prompt_tokens=None)
@@ -163,7 +452,7 @@ def reuserl_base(arg, *, env: dict, model: str, horizon: int, eval_sampling: dic
     if arg.runlocal:
         c.env.train_tasks = 12
         c.tokenizer.update(vocab_size=512, corpus_tasks=12)
-        c.model.overrides = dict(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2,
+        c.model.overrides.update(num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2,
                                  num_kv_heads=2, head_dim=32)
         c.sft.update(steps=6, tasks=12, check_every=3)
         c.rl.update(steps=3, tasks_per_step=2, group_size=2, max_turns=min(horizon, 6),

@@ -1,10 +1,11 @@
 """Evaluation: success per task type with and without skills, pass@k / SC@k, prompt tokens per step.
 
-    python -m skilljax.evaluate --config configs/default.py[:arg] --workdir DIR [--checkpoint STEP]
+    python -m skilljax.evaluate --workdir DIR [--checkpoint STEP] [--config.a.b=v ...]
 
-rebuilds the run's policy from DIR (its tokenizer and its latest or given checkpoint), plays the
-config's held-out test tasks with and without skills, prints the eval block as JSON and writes it to
-DIR/eval_<step>.json. `tokens_per_step` is the mean prompt length per env step in the policy's own
+rebuilds the run's policy from DIR (its config.json, its tokenizer and its latest or given
+checkpoint), plays the config's held-out test tasks with and without skills, prints the eval block
+as JSON and writes it to DIR/eval_<step>.json. Overrides change the evaluation, e.g.
+`--config.eval.seeds=3`; `--config configs/x.py[:arg]` replaces config.json (runs older than it). `tokens_per_step` is the mean prompt length per env step in the policy's own
 tokens (the SKILL0 paper's context-cost metric). With k samples per task (temperature > 0), pass@k
 counts a task solved when any sample succeeds and SC@k when a strict majority does. Also ReuseRL's
 behaviour signals: mean successful-episode length, rejected ("Nothing happens.") and repeated
@@ -17,13 +18,18 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import jax
 import numpy as np
 
+from skilljax import config as config_lib
+from skilljax import distributed
 from skilljax.envs.base import Task
+from skilljax.experiment import Run, build_run
 from skilljax.envs.pool import EnvPool
 from skilljax.rl.rollout import PROMPT_PARTS, RolloutConfig, behaviour_stats, rollout, skill_text
+from skilljax.rl.checkpoint import Checkpointer
 from skilljax.sampling import Sampler
 from skilljax.tokenizer import Tokenizer
 
@@ -83,16 +89,49 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
     return out
 
 
-def main(argv=None) -> None:
-    from skilljax import train as train_lib
+def evaluate_run(run: Run, contexts: Mapping[str, str] | None, rng: jax.Array, *,
+                 tasks: Sequence[Task] | None = None, seeds: Sequence[int] | None = None,
+                 modes: Sequence[str] = ("with_skills", "without_skills")) -> dict:
+    """`evaluate_policy` with a run's policy, pool and evaluation settings (`eval.*`): its test
+    tasks and `eval.seeds` seeds unless `tasks` / `seeds` are given."""
+    c = run.config
+    return evaluate_policy(run.sampler, run.tok, run.pool, tasks or run.test_tasks,
+                           run.rollout_config(evaluation=True), rng, contexts=contexts,
+                           fmt=run.fmt, samples_per_task=c.eval.samples_per_task,
+                           seeds=seeds or tuple(range(c.eval.seeds)), modes=modes)
 
+
+def evaluate_workdir(workdir, config=None, step: int | None = None) -> dict:
+    """The eval block of a trained workdir's checkpoint (the latest, or `step`), written to
+    `WORKDIR/eval_<step>.json`. `config`: the run's config (default: `WORKDIR/config.json`)."""
+    workdir = Path(workdir)
+    config = config if config is not None else config_lib.workdir_config(workdir)
+    run = build_run(config, workdir, train_tokenizer=False)
+    try:
+        ckpt = Checkpointer(workdir / "checkpoints")
+        step, _, _ = ckpt.restore(run.model, None, step)
+        ckpt.close()
+        full = run.bank.contexts() if config.skills.enabled else {}
+        block = evaluate_run(run, full, jax.random.key(config.seed + 1))
+    finally:
+        run.close()
+    block["step"] = step
+    if distributed.is_main():
+        config_lib.write_json(workdir / f"eval_{step}.json", block)
+    return block
+
+
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True)
-    p.add_argument("--workdir", required=True)
+    p.add_argument("--workdir", required=True, help="a skilljax.train workdir")
+    p.add_argument("--config", default=None,
+                   help="configs/x.py[:arg] (default: the workdir's config.json)")
     p.add_argument("--checkpoint", type=int, default=None, help="step (default: the latest)")
     args, overrides = p.parse_known_args(argv)
-    config = train_lib.load_config(args.config, overrides)
-    block = train_lib.evaluate_workdir(config, args.workdir, args.checkpoint)
+    config = (config_lib.load_config(args.config, overrides) if args.config
+              else config_lib.workdir_config(args.workdir, overrides))
+    distributed.initialize_from_env()
+    block = evaluate_workdir(args.workdir, config, args.checkpoint)
     print(json.dumps(block))
 
 

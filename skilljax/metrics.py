@@ -23,6 +23,14 @@ def _scalar(v: Any) -> float | int | None:
     return int(f) if isinstance(v, (bool, int)) else f
 
 
+def _row(line: str) -> dict | None:
+    """A metrics line, or None for an empty one or one a killed process left half-written."""
+    try:
+        return json.loads(line) if line.strip() else None
+    except json.JSONDecodeError:
+        return None
+
+
 class MetricsWriter:
     def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True,
                  wandb_project: str | None = None, config: Mapping | None = None,
@@ -32,7 +40,7 @@ class MetricsWriter:
         self.path = self.workdir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", -1) < resume_step]
+                    if (row := _row(line)) is not None and row.get("step", -1) < resume_step]
             tmp = self.path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
             os.replace(tmp, self.path)
@@ -75,4 +83,4 @@ class MetricsWriter:
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:
     path = Path(workdir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [row for line in path.read_text().splitlines() if (row := _row(line)) is not None]

@@ -28,6 +28,20 @@ def test_resume_drops_steps_after_checkpoint(tmp_path):
     assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 1), (2, 2), (3, 30)]
 
 
+def test_resume_skips_a_half_written_line(tmp_path):
+    """A process killed mid-write leaves a truncated last line; resume drops it."""
+    w = MetricsWriter(tmp_path, tensorboard=False)
+    w.write(1, {"loss": 1})
+    w.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 2, "lo')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    w = MetricsWriter(tmp_path, tensorboard=False, resume_step=2)
+    w.write(2, {"loss": 2})
+    w.close()
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 1), (2, 2)]
+
+
 def test_wandb_missing_is_explained(tmp_path, monkeypatch):
     import builtins
     real_import = builtins.__import__

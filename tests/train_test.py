@@ -7,25 +7,39 @@ import sys
 import ml_collections
 import pytest
 
+from skilljax import config as config_lib
+from skilljax import experiment
 from skilljax import train as train_lib
+from skilljax.rl import warm_start
+from skilljax.tokenizer import Tokenizer
 from tests.conftest import ROOT, run_module
 
 CONFIG = str(ROOT / "configs" / "default.py")
 
 
 def test_overrides_and_errors():
-    c = train_lib.load_config(CONFIG + ":runlocal", ["--config.rl.steps=3",
+    c = config_lib.load_config(CONFIG + ":runlocal", ["--config.rl.steps=3",
                                                      "--config.rl.learning_rate=1e-3",
                                                      "--config.skills.filter=false"])
     assert c.rl.steps == 3 and c.rl.learning_rate == 1e-3 and c.skills.filter is False
     with pytest.raises(KeyError, match="no 'nope'"):
-        train_lib.load_config(CONFIG, ["--config.rl.nope=1"])
+        config_lib.load_config(CONFIG, ["--config.rl.nope=1"])
+    with pytest.raises(KeyError, match="did you mean 'learning_rate'"):
+        config_lib.load_config(CONFIG, ["--config.rl.learning_rat=1e-3"])
+    with pytest.raises(ValueError, match="expected true or false"):
+        config_lib.load_config(CONFIG, ["--config.skills.filter=maybe"])
+    # Nested keys of the schema, typed placeholders included: a QwenConfig field of the policy.
+    c = config_lib.load_config(CONFIG + ":runlocal", ["--config.model.overrides.remat=true",
+                                                      "--config.model.overrides.rope_theta=1e4"])
+    assert c.model.overrides.remat is True and c.model.overrides.rope_theta == 1e4
+    model = experiment.build_model(c, Tokenizer.train(["a b c"], vocab_size=300))
+    assert model.cfg.remat is True and model.cfg.rope_theta == 1e4 and model.cfg.num_layers == 1
     with pytest.raises(ValueError, match="Unknown variant"):
-        train_lib.load_config(CONFIG + ":variant=magic")
-    c = train_lib.load_config(CONFIG)
-    assert train_lib.bare_task_options(c) == [{"source": "convention"}, {"source": "random"}]
+        config_lib.load_config(CONFIG + ":variant=magic")
+    c = config_lib.load_config(CONFIG)
+    assert warm_start.bare_task_options(c) == [{"source": "convention"}, {"source": "random"}]
     one = ml_collections.ConfigDict({"sft": {"bare_task_options": {"source": "convention"}}})
-    assert train_lib.bare_task_options(one) == [{"source": "convention"}]  # a single generator
+    assert warm_start.bare_task_options(one) == [{"source": "convention"}]  # a single generator
 
 
 # ReuseRL's segmentation cost on too (it composes with the curriculum), and several optimiser
@@ -96,6 +110,52 @@ def test_rerun_resumes_and_finishes(workdir):
     assert json.loads((workdir / "summary.json").read_text())["eval"] == json.loads(before)["eval"]
 
 
+def _comparable(row: dict) -> dict:
+    """A metrics line without its wall-clock measurements."""
+    return {k: v for k, v in row.items() if not (k.endswith("_s") or k.endswith("per_s"))}
+
+
+def test_kill_9_during_rl_then_resume_equals_an_uninterrupted_run(workdir, tmp_path):
+    """SIGKILL at a random moment of RL (after RL step k's line, plus up to 0.5 s: mid-rollout,
+    mid-update or mid-checkpoint), then a re-run: every metrics line (losses, success, the
+    curriculum's deltas and active files, ReuseRL's dictionary) and the curriculum history equal
+    the uninterrupted run's (`workdir`, same config). Equal, not close: both are the same XLA
+    programs on the same machine, fed the same keys (named streams by step), tasks (by seed and
+    step), optimizer state and host state from the checkpoint."""
+    import random
+    import signal
+    import time as time_lib
+
+    chooser = random.Random()
+    kill_after, delay = chooser.randint(1, 3), chooser.uniform(0.0, 0.5)
+    print(f"kill after the line of RL step {kill_after} + {delay:.2f} s")
+    wd = tmp_path / "killed"
+    args = [sys.executable, "-m", "skilljax.train", "--config", CONFIG + ":runlocal",
+            "--workdir", str(wd), *REUSE]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT, env=env)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(f"step {kill_after}/"):
+            time_lib.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)[-3000:]
+    assert not (wd / "summary.json").exists()
+    resumed = run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", wd,
+                         *REUSE)
+    assert "resumed from step" in resumed.stdout and "warm start 10/" not in resumed.stdout
+    ours = [_comparable(json.loads(l)) for l in (wd / "metrics.jsonl").read_text().splitlines()]
+    theirs = [_comparable(json.loads(l))
+              for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert ours == theirs
+    a, b = (json.loads((w / "summary.json").read_text()) for w in (wd, workdir))
+    assert a["curriculum"] == b["curriculum"] and a["eval"] == b["eval"]
+
+
 def test_sweep_arms_share_a_cached_warm_start(tmp_path):
     cache = tmp_path / "cache"
     first, second = tmp_path / "a", tmp_path / "b"
@@ -118,10 +178,23 @@ def test_sweep_arms_share_a_cached_warm_start(tmp_path):
 
 
 def test_evaluate_cli(workdir):
-    proc = run_module("skilljax.evaluate", "--config", CONFIG + ":runlocal", "--workdir", workdir)
+    """From --workdir alone (its config.json); an override changes the evaluation only."""
+    proc = run_module("skilljax.evaluate", "--workdir", workdir)
     block = json.loads(proc.stdout.strip().splitlines()[-1])
     assert block["step"] == 4 and "with_skills" in block and "without_skills" in block
     assert (workdir / "eval_4.json").exists()
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert block["with_skills"]["episodes"] == summary["eval"]["final"]["with_skills"]["episodes"]
+    proc = run_module("skilljax.evaluate", "--workdir", workdir, "--config.eval.seeds=2")
+    block2 = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert block2["with_skills"]["episodes"] == 2 * block["with_skills"]["episodes"]
+
+
+def test_train_help_lists_configs_and_overrides():
+    out = run_module("skilljax.train", "--help").stdout
+    for name in ("default.py", "alfworld_skill0.py", "search_skill0.py", "reuserl_countdown.py",
+                 "--config.section.key=value", "config.json"):
+        assert name in out
 
 
 def test_export_a_trained_workdir(workdir, tmp_path):
@@ -129,13 +202,11 @@ def test_export_a_trained_workdir(workdir, tmp_path):
     import numpy as np
     import transformers
     from skilljax.rl.checkpoint import Checkpointer
-    from skilljax.tokenizer import Tokenizer
     from tests.conftest import torch_logits
     out = tmp_path / "hf"
-    run_module("skilljax.tools.export_hf", "--workdir", workdir, "--config", CONFIG + ":runlocal",
-               "--out", out)
-    c = train_lib.load_config(CONFIG + ":runlocal")
-    model = train_lib.build_model(c, Tokenizer.load(workdir / "tokenizer"))
+    run_module("skilljax.tools.export_hf", "--workdir", workdir, "--out", out)  # its config.json
+    c = config_lib.load_config(CONFIG + ":runlocal")
+    model = experiment.build_model(c, Tokenizer.load(workdir / "tokenizer"))
     ckpt = Checkpointer(workdir / "checkpoints")
     ckpt.restore(model, None)
     ckpt.close()
@@ -160,8 +231,8 @@ def test_search_skill0_runlocal(tmp_path):
     assert block["tokens_per_step"] > summary["eval"]["final"]["without_skills"]["tokens_per_step"]
     assert summary["config"]["skills"]["budgets"] == [5, 3, 0]
     with pytest.raises(ValueError, match="checkpoint="):
-        train_lib.load_config(cfg)
-    full = train_lib.load_config(cfg + ":checkpoint=/models/qwen")
+        config_lib.load_config(cfg)
+    full = config_lib.load_config(cfg + ":checkpoint=/models/qwen")
     assert (full.rl.learning_rate, full.rl.group_size, full.rl.tasks_per_step) == (1e-6, 8, 128)
     assert (full.rl.invalid_penalty, full.eval.temperature, full.rl.steps) == (0.01, 0.4, 180)
     # Released: AdamW decay 0.01, one optimiser step per 512 step samples, validation questions
@@ -182,13 +253,13 @@ def test_alfworld_skill0_runlocal(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["skills"]["budgets"] == [6, 3, 0]
     assert summary["eval"]["final"]["with_skills"]["tokens_per_step"] > 0
-    full = train_lib.load_config(cfg + ":checkpoint=/models/qwen")
+    full = config_lib.load_config(cfg + ":checkpoint=/models/qwen")
     assert (full.rl.learning_rate, full.rl.tasks_per_step, full.rl.invalid_penalty) == (1e-6, 16, 0.1)
     assert (full.env.kwargs.max_steps, full.prompt.require_think, full.env.test_split) == \
         (50, True, "valid_seen")
     assert (full.rl.weight_decay, full.rl.mini_batch_size, full.skills.val_split) == \
         (0.01, 256, "valid_seen")
-    assert train_lib.rollout_config(full, evaluation=False).max_turns == 50  # the env's kwarg
+    assert experiment.rollout_config(full, evaluation=False).max_turns == 50  # the env's kwarg
 
 
 def test_sweep_lists_the_ablations():
@@ -283,10 +354,10 @@ def test_reuserl_configs_runlocal(name, tmp_path):
     run_module("skilljax.train", "--config", cfg + ":runlocal", "--workdir", tmp_path)
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all("reuse_dict_size" in r and "repeat_rate" in r for r in rows)
-    full = train_lib.load_config(cfg + ":checkpoint=/models/x")
+    full = config_lib.load_config(cfg + ":checkpoint=/models/x")
     assert (full.rl.steps, full.reuse.coef, full.reuse.buffer_size, full.rl.invalid_penalty) == \
         (300, 10.0, 256, 0.01)
-    assert train_lib.reuse_config(full).horizon == {"countdown": 30, "textworld_cooking": 40,
+    assert experiment.reuse_config(full).horizon == {"countdown": 30, "textworld_cooking": 40,
                                                     "alfworld": 50}[name]
     runs = []
     module = __import__("importlib").util
@@ -297,7 +368,7 @@ def test_reuserl_configs_runlocal(name, tmp_path):
     assert {r.split(",")[0] for r in runs} == {"variant=grpo", "variant=length", "variant=segcost",
                                                "variant=segcost_no_buffer"} and len(runs) == 8
     with pytest.raises(ValueError, match="checkpoint="):
-        train_lib.load_config(cfg)
+        config_lib.load_config(cfg)
 
 
 def test_sweep_results_folder_collects_finished_runs(tmp_path):

@@ -1,5 +1,8 @@
 """Training checkpoints: params, optimizer state, RNG and a JSON item of host state, via orbax.
 
+`RunState` is the trainer's host state (step, evaluations, warm start, timing, curriculum and
+ReuseRL state); it is saved whole in every checkpoint and restored whole on resume.
+
 Orbax writes each step into a temporary directory and renames it when complete, so a crash
 mid-save leaves earlier steps untouched and the half-written one invisible. `restore` also
 survives a step that is complete on disk but unreadable (a truncated or edited file): it says
@@ -8,6 +11,7 @@ which step it skipped and why, and falls back to the newest one that loads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -22,6 +26,37 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint where one was expected."""
+
+
+@dataclasses.dataclass
+class RunState:
+    """What a run carries between steps besides parameters, optimizer state and its RNG.
+
+    step: the last finished RL step (0: before RL). eval: phase ("initial", "final") → eval block.
+    warm_start: the warm start's record (None until it ran). wall_s: wall time of the processes that
+    ran before this one (resume adds). timing: seconds per phase, over all of them. curriculum,
+    reuse: `state_dict()` of the SKILL0 curriculum and of ReuseRL's segmentation cost, when the run
+    has them.
+    """
+    step: int = 0
+    eval: dict = dataclasses.field(default_factory=dict)
+    warm_start: dict | None = None
+    wall_s: float = 0.0
+    timing: dict = dataclasses.field(default_factory=dict)
+    curriculum: dict | None = None
+    reuse: dict | None = None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunState":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known - {"wall_s_base"}  # wall_s_base: checkpoints before RunState
+        if unknown:
+            raise CheckpointError(f"The checkpoint's run state has keys this version does not "
+                                  f"know: {sorted(unknown)}; was it written by a newer skilljax?")
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 def _global(tree: Any, model: nnx.Module) -> Any:

@@ -20,7 +20,6 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import jax
 import numpy as np

@@ -11,7 +11,6 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

@@ -57,5 +57,5 @@ def run_tasks(c) -> tuple[list, list, list]:
     opts = dict(c.env.task_options)
     train_tasks = cls.make_tasks("train", c.env.train_tasks, seed=c.seed, **opts)
     val = validation_tasks(c, train_tasks) if c.skills.enabled else []
-    test_tasks = cls.make_tasks(c.env.get("test_split", "test"), c.eval.tasks, seed=c.seed, **opts)
+    test_tasks = cls.make_tasks(c.env.test_split, c.eval.tasks, seed=c.seed, **opts)
     return train_tasks, val, test_tasks

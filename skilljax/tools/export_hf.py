@@ -1,10 +1,11 @@
 """Export a policy as a Hugging Face directory.
 
     python -m skilljax.tools.export_hf --checkpoint SRC --out HF_DIR
-    python -m skilljax.tools.export_hf --workdir RUN_DIR --config CONFIG[:arg] [--step N] --out HF_DIR
+    python -m skilljax.tools.export_hf --workdir RUN_DIR [--step N] --out HF_DIR
 
 SRC is an HF directory (re-export, e.g. to change dtype) or a preset name; RUN_DIR is a training
-workdir of `skilljax.train` (its latest checkpoint, or `--step`, with its tokenizer). The result
+workdir of `skilljax.train` (its config.json, its latest checkpoint or `--step`, its tokenizer;
+`--config CONFIG[:arg]` for a run older than config.json). The result
 loads with `transformers.AutoModelForCausalLM.from_pretrained(HF_DIR)`.
 """
 
@@ -14,16 +15,18 @@ import argparse
 import json
 
 
-def _from_workdir(config: str, overrides: list[str], workdir, step):
-    from skilljax import train
+def _from_workdir(config: str | None, overrides: list[str], workdir, step):
+    from skilljax import config as config_lib
+    from skilljax.experiment import build_model
     from skilljax.rl.checkpoint import Checkpointer
     from skilljax.tokenizer import Tokenizer
 
-    c = train.load_config(config, overrides)
+    c = (config_lib.load_config(config, overrides) if config
+         else config_lib.workdir_config(workdir, overrides))
     tok_dir = workdir / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         raise SystemExit(f"{workdir} has no tokenizer/: is it a skilljax.train workdir?")
-    model = train.build_model(c, Tokenizer.load(tok_dir))
+    model = build_model(c, Tokenizer.load(tok_dir))
     ckpt = Checkpointer(workdir / "checkpoints")
     ckpt.restore(model, None, step)  # params only; errors name the workdir and the step
     ckpt.close()
@@ -35,7 +38,8 @@ def main(argv=None):
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="HF directory or preset name")
     src.add_argument("--workdir", help="a skilljax.train workdir")
-    p.add_argument("--config", help="the workdir's config file[:arg] (with --workdir)")
+    p.add_argument("--config", help="with --workdir: the run's config file[:arg] (default: the "
+                   "workdir's config.json)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--out", required=True, help="output HF directory")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: the model's)")
@@ -53,8 +57,6 @@ def main(argv=None):
     from skilljax.models import hf_io
 
     if args.workdir:
-        if not args.config:
-            p.error("--workdir needs --config (the config the run was trained with)")
         model, tokenizer = _from_workdir(args.config, overrides, Path(args.workdir), args.step)
         cfg = model.cfg
     else:

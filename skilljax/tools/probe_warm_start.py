@@ -3,7 +3,7 @@
     python -m skilljax.tools.probe_warm_start --config configs/default.py --workdir /tmp/probe \
         [--config.sft.steps=2000] [--config.sft.without_skills_fraction=0.0 ...]
 
-Runs the config's warm start (`skilljax.train`'s own, no RL) and at every held-out check
+Runs the config's warm start (`skilljax.rl.warm_start.run`, the trainer's own; no RL) and at every held-out check
 (`sft.check_every` steps) prints the held-out NLL as the sum of each kind's share: kind =
 the action's first word and the episode step it was taken at (`use@1`: the first device of a
 chores procedure, `use@2`: the second, ...). A warm start that sits on a plateau shows which
@@ -20,8 +20,9 @@ import json
 import time
 from pathlib import Path
 
-from skilljax import train as train_lib
-from skilljax.rl import sft
+from skilljax import config as config_lib
+from skilljax.experiment import build_run
+from skilljax.rl import sft, warm_start
 
 
 def action_kind(sample) -> str:
@@ -30,7 +31,7 @@ def action_kind(sample) -> str:
 
 
 def probe(config, workdir) -> list[dict]:
-    run = train_lib._build(config, Path(workdir), train_tokenizer=True)
+    run = build_run(config, Path(workdir))
     curve, t0 = [], time.time()
 
     groups: dict[str, list] = collections.defaultdict(list)  # filled at the first check
@@ -51,9 +52,9 @@ def probe(config, workdir) -> list[dict]:
               f"= {row['share']}", flush=True)
 
     try:
-        record = train_lib._warm_start(run, lambda s, m: None, on_check=check)
+        record = warm_start.run(run, lambda s, m: None, on_check=check)
     finally:
-        run.pool.close()
+        run.close()
     print(f"warm start: {record}", flush=True)
     return curve
 
@@ -63,7 +64,7 @@ def main(argv=None) -> None:
     p.add_argument("--config", required=True, help="configs/x.py[:arg]")
     p.add_argument("--workdir", required=True, help="where the tokenizer is written")
     args, overrides = p.parse_known_args(argv)
-    curve = probe(train_lib.load_config(args.config, overrides), args.workdir)
+    curve = probe(config_lib.load_config(args.config, overrides), args.workdir)
     print(json.dumps(dict(curve=curve)))
 
 

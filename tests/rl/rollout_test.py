@@ -80,7 +80,7 @@ def test_prompt_pieces_tokenise_like_the_whole_chat(which, tok, qwen3_tokenizer_
 
 
 def test_prompt_limit_drops_oldest_history_then_fails(tok):
-    history = [(f"observation number {i} " * 5, f"go to kitchen") for i in range(6)]
+    history = [(f"observation number {i} " * 5, "go to kitchen") for i in range(6)]
     kw = dict(goal="heat the egg.", observation="You are in the garage.", history=history, step=6)
     full = build_prompt(tok, PromptConfig(history_length=6), FMT, **kw)
     limit = len(full.ids) - 10

@@ -3,7 +3,7 @@
 import pytest
 
 from skilljax.rl import task_splits
-from skilljax.train import load_config
+from skilljax.config import load_config
 from tests.conftest import ROOT
 
 CONFIG = str(ROOT / "configs" / "default.py")

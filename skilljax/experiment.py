@@ -1,0 +1,218 @@
+"""What a run is built from: a config and a workdir → env pool, skill bank, task splits, tokenizer,
+policy and sampler (`build_run`), and the frozen dataclasses the library modules take
+(`rollout_config`, `learner_config`, `curriculum_config`, `reuse_config`).
+
+The ConfigDict stops here: everything the builders hand on is a frozen dataclass or plain
+arguments. `skilljax.train`, `skilljax.evaluate` and the tools build their runs with `build_run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from skilljax import distributed, models
+from skilljax import sharding as shd
+from skilljax.envs import base as envs_base
+from skilljax.envs.pool import EnvPool
+from skilljax.rl import learner as learner_lib
+from skilljax.rl import task_splits, warm_start
+from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, rollout
+from skilljax.sampling import Sampler, SamplingParams
+from skilljax.skills import projection
+from skilljax.skills.bank import SkillBank
+from skilljax.skills.curriculum import CurriculumConfig
+from skilljax.skills.segmentation import SegmentationConfig
+from skilljax.tokenizer import Tokenizer
+
+# ---------------------------------------------------------------------------- builders
+
+
+def response_format(c):
+    """`prompt.format`: "think_action" (`<think>`/`<action>`, ALFWorld-style envs) or
+    "search_answer" (`<search>`/`<answer>`, Search-QA)."""
+    kind = c.prompt.format
+    kw = {} if c.prompt.instruction is None else {"instruction": c.prompt.instruction}
+    if kind == "search_answer":
+        from skilljax.envs.search_qa import SearchAnswer
+        return SearchAnswer(**kw)
+    if kind != "think_action":
+        raise ValueError(f"prompt.format={kind!r}; choose 'think_action' or 'search_answer'.")
+    return ThinkAction(require_think=c.prompt.require_think, **kw)
+
+
+def rollout_config(c, *, evaluation: bool) -> RolloutConfig:
+    # The env's step limit: its constructor argument when the config sets one, else its default.
+    env_limit = c.env.kwargs.get("max_steps", envs_base.env_class(c.env.name).max_steps)
+    return RolloutConfig(
+        group_size=c.rl.group_size,
+        max_turns=min(c.rl.max_turns or env_limit, env_limit),
+        sampling=SamplingParams(
+            max_new_tokens=c.rl.max_new_tokens,
+            temperature=c.eval.temperature if evaluation else c.rl.temperature,
+            top_p=c.eval.top_p if evaluation else c.rl.top_p,
+            top_k=c.eval.top_k if evaluation else c.rl.top_k),
+        prompt=PromptConfig(role=c.prompt.role, history_length=c.prompt.history_length,
+                            show_admissible=c.prompt.show_admissible,
+                            max_prompt_tokens=c.prompt.max_prompt_tokens))
+
+
+def learner_config(c) -> learner_lib.LearnerConfig:
+    r = c.rl
+    return learner_lib.LearnerConfig(
+        learning_rate=r.learning_rate, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
+        clip_low=r.clip_low, clip_high=r.clip_high, dual_clip=r.dual_clip, loss_agg=r.loss_agg,
+        entropy_coef=r.entropy_coef, kl_coef=r.kl_coef, kl_kind=r.kl_kind,
+        mini_batch_size=r.mini_batch_size, micro_batch_size=r.micro_batch_size,
+        ppo_epochs=r.ppo_epochs, temperature=r.temperature,
+        recompute_old_logp=r.recompute_old_logp, row_multiple=r.batch_multiple)
+
+
+def curriculum_config(c) -> CurriculumConfig:
+    k = c.skills
+    return CurriculumConfig(
+        total_steps=c.rl.steps, validate_every=k.validate_every, num_stages=k.num_stages,
+        budgets=tuple(k.budgets) if k.budgets is not None else None, filter=k.filter,
+        rank=k.rank, fixed_full=k.fixed_full, keep_general=k.keep_general, strict=k.strict,
+        clamp_start=k.clamp_start, validate_at_start=k.validate_at_start, seed=c.seed)
+
+
+def reuse_config(c) -> SegmentationConfig | None:
+    """`reuse` (ReuseRL, paper 003): None unless `reuse.enabled`. T is the episode step limit of
+    training rollouts; the alphabet is the env's projection's."""
+    r = c.reuse
+    if not r.enabled:
+        return None
+    projection.projection(c.env.name)  # a clear error when the env has no projection
+    return SegmentationConfig(
+        mode=r.mode, coef=r.coef, horizon=rollout_config(c, evaluation=False).max_turns,
+        max_phrase_len=r.max_phrase_len, buffer_size=r.buffer_size, use_buffer=r.use_buffer,
+        polish=r.polish, alphabet=projection.ALPHABETS[c.env.name])
+
+
+def warm_start_cache(c) -> Path | None:
+    """This config's entry in the warm-start cache (`sft.cache_dir`), or None."""
+    return warm_start.cache_entry(c, rollout_config(c, evaluation=True).max_turns)
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class Run:
+    """What one process builds from the config and the workdir."""
+    config: Any
+    workdir: Path
+    pool: EnvPool
+    bank: SkillBank
+    tok: Tokenizer
+    model: Any
+    sampler: Sampler
+    fmt: Any  # ThinkAction or SearchAnswer
+    train_tasks: list
+    val_tasks: list
+    test_tasks: list
+
+    def rollout_config(self, *, evaluation: bool) -> RolloutConfig:
+        return rollout_config(self.config, evaluation=evaluation)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def build_model(c, tok: Tokenizer, mesh=None):
+    """The policy the config describes (a preset sized by the tokenizer, or an HF checkpoint)."""
+    overrides = {k: v for k, v in dict(c.model.overrides).items() if v is not None}
+    if not Path(c.model.checkpoint).is_dir():
+        overrides.setdefault("vocab_size", tok.vocab_size)
+    _, model = models.load(c.model.checkpoint, mesh, c.model.dtype, seed=c.seed, **overrides)
+    if model.cfg.vocab_size < tok.vocab_size:
+        raise ValueError(f"The model's vocabulary ({model.cfg.vocab_size}) is smaller than the "
+                         f"tokenizer's ({tok.vocab_size}); they do not belong together.")
+    return model
+
+
+def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutConfig) -> list[str]:
+    """Prompts and responses of expert episodes (the texts the policy will read and write)."""
+    probe = Tokenizer.train(["a"], vocab_size=300)  # byte-level, only to render prompts
+    res = rollout(None, probe, pool, tasks, dataclasses.replace(cfg, group_size=1),
+                  jax.random.key(0), skill_context=lambda t: warm_start.warmup_context(bank, t),
+                  fmt=fmt, expert=True)
+    return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
+
+
+def _tokenizer(c, workdir: Path, pool, bank, fmt, train_tasks, *, train: bool) -> Tokenizer:
+    """The workdir's tokenizer; else a cached warm start's, the config's (`tokenizer.path`), or,
+    with `train`, one trained on expert episodes of the env (saved to the workdir)."""
+    tok_dir = workdir / "tokenizer"
+    distributed.barrier("tokenizer")  # every process looks before process 0 writes one
+    entry = warm_start_cache(c)
+    if (tok_dir / "tokenizer.json").exists():
+        return Tokenizer.load(tok_dir)
+    if warm_start.cached(entry):
+        tok = Tokenizer.load(entry / "tokenizer")  # the warm start's own tokenizer
+    elif c.tokenizer.path:
+        tok = Tokenizer.load(c.tokenizer.path)
+    elif train:
+        cls = envs_base.env_class(c.env.name)
+        corpus_tasks = (cls.make_tasks("train", c.tokenizer.corpus_tasks, seed=c.seed,
+                                       **dict(c.sft.task_options))
+                        + train_tasks[:c.tokenizer.corpus_tasks])
+        for o in warm_start.bare_task_options(c):
+            corpus_tasks += cls.make_tasks("train", c.tokenizer.corpus_tasks // 4, seed=c.seed, **o)
+        corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True))
+        tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size)
+    else:
+        raise FileNotFoundError(f"No tokenizer in {tok_dir}: is {workdir} a training workdir?")
+    if distributed.is_main():
+        tok.save(tok_dir)
+    return tok
+
+
+def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
+    """Build everything a run needs from config `c` in `workdir` (created if missing). Without
+    `train_tokenizer`, a workdir with no tokenizer (and no other source of one) is an error."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if c.mesh and not distributed.active():  # a launcher sets devices per process
+        from skilljax.tools import request_host_devices
+        request_host_devices(c.mesh)
+    mesh = shd.make_mesh(c.mesh) if c.mesh else None
+    pool = EnvPool(c.env.name, num_workers=c.env.workers, env_kwargs=dict(c.env.kwargs),
+                   timeout_s=c.env.timeout_s)
+    try:
+        bank = SkillBank.load(c.skills.dir) if c.skills.dir else SkillBank.for_env(c.env.name)
+        fmt = response_format(c)
+        train_tasks, val_tasks, test_tasks = task_splits.run_tasks(c)
+        if c.skills.enabled:
+            task_splits.check_validation_covers(bank, val_tasks, c.skills.val_split)
+        tok = _tokenizer(c, workdir, pool, bank, fmt, train_tasks, train=train_tokenizer)
+        model = build_model(c, tok, mesh)
+    except BaseException:
+        pool.close()
+        raise
+    return Run(c, workdir, pool, bank, tok, model, Sampler(model, pad_id=tok.pad_id), fmt,
+               train_tasks, val_tasks, test_tasks)
+
+
+# ---------------------------------------------------------------------------- randomness
+
+
+class Keys:
+    """Named key streams of a run, all from one root key: `keys("rollout", step)`. A stream's keys
+    depend only on the root, the stream's name and the index, so adding a stream or a draw never
+    shifts another stream, and a resumed run draws the same keys as an uninterrupted one."""
+
+    STREAMS = ("rollout", "update", "validation", "eval")
+
+    def __init__(self, root: jax.Array):
+        self.root = root
+
+    def __call__(self, stream: str, index: int = 0) -> jax.Array:
+        if stream not in self.STREAMS:
+            raise ValueError(f"Unknown key stream {stream!r}; streams: {self.STREAMS}.")
+        return jax.random.fold_in(jax.random.fold_in(self.root, self.STREAMS.index(stream) + 1),
+                                  index)
