@@ -19,7 +19,7 @@ from skilljax import sharding as shd
 from skilljax.envs import base as envs_base
 from skilljax.envs.pool import EnvPool
 from skilljax.rl import learner as learner_lib
-from skilljax.rl import task_splits, warm_start
+from skilljax.rl import losses, task_splits, warm_start
 from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, rollout
 from skilljax.sampling import Sampler, SamplingParams
 from skilljax.skills import projection
@@ -69,6 +69,12 @@ def learner_config(c) -> learner_lib.LearnerConfig:
         mini_batch_size=r.mini_batch_size, micro_batch_size=r.micro_batch_size,
         ppo_epochs=r.ppo_epochs, temperature=r.temperature,
         recompute_old_logp=r.recompute_old_logp, row_multiple=r.batch_multiple)
+
+
+def advantage_config(c) -> losses.AdvantageConfig:
+    r = c.rl
+    return losses.AdvantageConfig(group_stats=r.group_stats, gigpo_gamma=r.gigpo_gamma,
+                                  gigpo_mode=r.gigpo_mode, gigpo_step_weight=r.gigpo_step_weight)
 
 
 def curriculum_config(c) -> CurriculumConfig:

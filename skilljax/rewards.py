@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from skilljax.rl.losses import StepScores
 from skilljax.rl.rollout import RolloutResult, Trajectory
 from skilljax.skills import projection
 from skilljax.skills.segmentation import SegmentationCost
@@ -44,3 +45,19 @@ def sample_scores(result: RolloutResult, invalid_penalty: float = 0.0,
     traj = trajectory_rewards(result, terms)
     return np.array([traj[s.episode] - (0.0 if s.valid else invalid_penalty)
                      for s in result.samples], np.float64)
+
+
+def step_scores(result: RolloutResult, invalid_penalty: float = 0.0,
+                terms: Sequence[TrajectoryTerm] = ()) -> StepScores:
+    """Everything an advantage estimator reads about `result`'s step samples
+    (`skilljax.rl.losses.advantages`)."""
+    traj = trajectory_rewards(result, terms)
+    samples = result.samples
+    penalty = np.array([0.0 if s.valid else invalid_penalty for s in samples], np.float64)
+    episodes = np.array([s.episode for s in samples], np.int64)
+    return StepScores(
+        scores=traj[episodes] - penalty if len(samples) else np.zeros(0),
+        trajectory_scores=traj[episodes] if len(samples) else np.zeros(0),
+        step_rewards=np.array([s.reward for s in samples], np.float64) - penalty,
+        group_ids=[s.group for s in samples], traj_ids=episodes.tolist(),
+        step_index=[s.step for s in samples], anchors=[s.anchor for s in samples])

@@ -28,8 +28,8 @@ import numpy as np
 from skilljax import config as config_lib
 from skilljax import distributed, rewards
 from skilljax.evaluate import evaluate_run
-from skilljax.experiment import (Keys, Run, build_run, curriculum_config, learner_config,
-                                 reuse_config, warm_start_cache)
+from skilljax.experiment import (Keys, Run, advantage_config, build_run, curriculum_config,
+                                 learner_config, reuse_config, warm_start_cache)
 from skilljax.metrics import MetricsWriter
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, warm_start
@@ -212,31 +212,11 @@ def reuse_step(reuse: SegmentationCost, env_name: str, res) -> tuple[list, dict]
 
 
 def advantages(c, res, terms) -> np.ndarray:
-    """One advantage per step sample: `rl.advantage` grpo / drgrpo / rloo over each task's group,
-    or gigpo (episode advantage + step advantage within identical env states of a group, from
-    returns discounted by `rl.gigpo_gamma`: credit for the step that made progress).
-
-    `rl.group_stats`: "trajectory" (SKILL0 eq. 5: one score per trajectory, normalised over the
-    group; a step's invalid penalty added on its own) or "step" (the released code: every step
-    sample is a group member, so in a group of equal outcomes a penalty is blown up by the tiny
-    std); see `losses.group_advantages`.
-    """
-    groups = [s.group for s in res.samples]
-    episodes = [s.episode for s in res.samples]
-    scores = rewards.sample_scores(res, c.rl.invalid_penalty, terms)
-    if c.rl.group_stats not in ("trajectory", "step"):
-        raise ValueError(f"rl.group_stats={c.rl.group_stats!r}; choose 'trajectory' or 'step'.")
-    if c.rl.advantage != "gigpo":
-        return np.asarray(losses.group_advantages(
-            scores, groups, c.rl.advantage,
-            traj_ids=episodes if c.rl.group_stats == "trajectory" else None))
-    penalty = np.array([0.0 if s.valid else c.rl.invalid_penalty for s in res.samples])
-    step_rewards = np.array([s.reward for s in res.samples]) - penalty
-    episode_scores = rewards.trajectory_rewards(res, terms)[episodes]  # the penalty is a step's
-    return np.asarray(losses.gigpo_advantages(
-        episode_scores, step_rewards, groups, episodes, [s.step for s in res.samples],
-        [s.anchor for s in res.samples], gamma=c.rl.gigpo_gamma, mode=c.rl.gigpo_mode,
-        step_weight=c.rl.gigpo_step_weight))
+    """One advantage per step sample by `rl.advantage` (grpo / drgrpo / rloo over each task's
+    group, or gigpo: episode advantage + step advantage within identical env states of a group);
+    see `losses.advantages`."""
+    return losses.advantages(c.rl.advantage, rewards.step_scores(res, c.rl.invalid_penalty, terms),
+                             advantage_config(c))
 
 
 def curriculum_update(run: Run, curriculum: Curriculum, step: int, rng) -> dict:

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from skilljax import rewards
 from skilljax.envs.base import Task
@@ -36,3 +37,41 @@ def test_segmentation_term_penalises_successes_by_their_segment_count():
     np.testing.assert_allclose(rewards.sample_scores(res, 0.1, [term]), [8, 8, 8, 0, -0.1])
     length = SegmentationCost(SegmentationConfig(mode="length", horizon=10))
     assert rewards.segmentation_term(length, "chores")(won) == -3.0   # −λ·|s|/T
+
+
+def test_step_scores_feed_every_estimator_as_the_direct_calls():
+    """`rewards.step_scores` → `losses.advantages(kind)` equals the estimators called by hand on
+    the same rollout (GRPO family over trajectories or steps; GiGPO with its step groups)."""
+    from skilljax.rl import losses
+    task = Task("t", "x", "train", {})
+    # Group 0: episode 0 wins at its 2nd step; episode 1 fails, one invalid step. Group 1: one
+    # episode that wins at once.
+    trajs = [Trajectory(task, 0, 0, rewards=[0.0, 10.0]), Trajectory(task, 0, 0, rewards=[0.0, 0.0]),
+             Trajectory(task, 0, 0, rewards=[10.0])]
+    mk = lambda ep, grp, step, valid, r, anchor: StepSample(
+        [1], [2], np.zeros(1), ep, grp, step, "a", valid, "", r, False, {}, anchor)
+    samples = [mk(0, 0, 0, True, 0.0, "A"), mk(0, 0, 1, True, 10.0, "B"),
+               mk(1, 0, 0, False, 0.0, "A"), mk(1, 0, 1, True, 0.0, "C"),
+               mk(2, 1, 0, True, 10.0, "A")]
+    res = RolloutResult(samples, trajs, {})
+    x = rewards.step_scores(res, 0.1)
+    np.testing.assert_allclose(x.scores, rewards.sample_scores(res, 0.1))
+    np.testing.assert_allclose(x.trajectory_scores, [10, 10, 0, 0, 10])
+    np.testing.assert_allclose(x.step_rewards, [0, 10, -0.1, 0, 10])
+    groups, trajs_ids = [0, 0, 0, 0, 1], [0, 0, 1, 1, 2]
+    for kind in ("grpo", "drgrpo", "rloo"):
+        for stats, t in (("trajectory", trajs_ids), ("step", None)):
+            np.testing.assert_array_equal(
+                losses.advantages(kind, x, losses.AdvantageConfig(group_stats=stats)),
+                losses.group_advantages(x.scores, groups, kind, traj_ids=t))
+    cfg = losses.AdvantageConfig(gigpo_gamma=0.9, gigpo_mode="mean_std_norm",
+                                 gigpo_step_weight=0.5)
+    np.testing.assert_array_equal(
+        losses.advantages("gigpo", x, cfg),
+        losses.gigpo_advantages([10, 10, 0, 0, 10], [0, 10, -0.1, 0, 10], groups, trajs_ids,
+                                [0, 1, 0, 1, 0], ["A", "B", "A", "C", "A"], gamma=0.9,
+                                mode="mean_std_norm", step_weight=0.5))
+    with pytest.raises(ValueError, match="rl.advantage='ppo'; choose one of"):
+        losses.advantages("ppo", x)
+    with pytest.raises(ValueError, match="rl.group_stats='episode'"):
+        losses.AdvantageConfig(group_stats="episode")

@@ -14,6 +14,8 @@ Where each comes from:
   from discounted step returns; `mean_norm` or `mean_std_norm`. A state seen once in its task
   group has no peers to compare with: its step advantage is 0, as in the reference, which
   normalises each step group by its own mean.
+- `advantages(kind, StepScores, AdvantageConfig)`: every estimator above by name (`rl.advantage`),
+  from one record of a batch's step samples; the trainer calls only this.
 - `policy_loss`: PPO clipped surrogate, SKILL0 eq. 5 / SkillForge eq. 5: −min(ρÂ, clip(ρ, 1−ε_low,
   1+ε_high)Â) with ρ = π/π_old, plus dual-clip (Ye et al. 2020) bounding the loss at −c·Â for Â < 0.
 - `kl_penalty`: Schulman's estimators of KL(π‖π_ref) from samples of π: k1 = log π/π_ref,
@@ -28,6 +30,7 @@ dividing once reproduces the full-batch loss exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 
 import jax
@@ -148,6 +151,69 @@ def gigpo_advantages(episode_scores, step_rewards, group_ids, traj_ids, step_ind
     step = ADVANTAGES[kind](returns, step_seg, sn, eps, returns, step_seg)
     step = np.where(np.bincount(step_seg, minlength=sn)[step_seg] > 1, step, 0.0)  # no peers → 0
     return jnp.asarray(episode + step_weight * step, jnp.float32)
+
+
+# ----------------------------------------------------------------------------- by name
+
+
+@dataclasses.dataclass(frozen=True)
+class StepScores:
+    """What the estimators read, one entry per step sample (`skilljax.rewards.step_scores`).
+
+    scores: its trajectory's reward (with any method terms) minus this step's invalid penalty.
+    trajectory_scores: its trajectory's reward (with the terms), no penalty.
+    step_rewards: the env's reward of this step minus this step's penalty.
+    group_ids: its task group; traj_ids: its trajectory; step_index: its step in the trajectory;
+    anchors: its observation without history (GiGPO's step groups).
+    """
+    scores: np.ndarray
+    trajectory_scores: np.ndarray
+    step_rewards: np.ndarray
+    group_ids: Sequence[Hashable]
+    traj_ids: Sequence[Hashable]
+    step_index: Sequence[int]
+    anchors: Sequence[Hashable]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig:
+    """`rl.group_stats`: "trajectory" (SKILL0 eq. 5: one score per trajectory, each step's penalty
+    added on its own) or "step" (the released code: every step sample is a group member); see
+    `group_advantages`. The gigpo_* fields are GiGPO's discount, normalisation and step weight."""
+    group_stats: str = "trajectory"
+    gigpo_gamma: float = 0.95
+    gigpo_mode: str = "mean_norm"
+    gigpo_step_weight: float = 1.0
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.group_stats not in ("trajectory", "step"):
+            raise ValueError(f"rl.group_stats={self.group_stats!r}; choose 'trajectory' or "
+                             "'step'.")
+
+
+def _group_estimator(kind: str) -> Callable[[StepScores, AdvantageConfig], jax.Array]:
+    def estimate(x: StepScores, cfg: AdvantageConfig) -> jax.Array:
+        return group_advantages(x.scores, x.group_ids, kind, cfg.eps,
+                                traj_ids=x.traj_ids if cfg.group_stats == "trajectory" else None)
+    return estimate
+
+
+def _gigpo(x: StepScores, cfg: AdvantageConfig) -> jax.Array:
+    return gigpo_advantages(x.trajectory_scores, x.step_rewards, x.group_ids, x.traj_ids,
+                            x.step_index, x.anchors, gamma=cfg.gigpo_gamma, mode=cfg.gigpo_mode,
+                            step_weight=cfg.gigpo_step_weight, eps=cfg.eps)
+
+
+ESTIMATORS: dict[str, Callable[[StepScores, AdvantageConfig], jax.Array]] = {
+    **{k: _group_estimator(k) for k in ADVANTAGES}, "gigpo": _gigpo}
+
+
+def advantages(kind: str, x: StepScores, cfg: AdvantageConfig = AdvantageConfig()) -> np.ndarray:
+    """One advantage per step sample by the estimator named `kind` (`rl.advantage`)."""
+    if kind not in ESTIMATORS:
+        raise ValueError(f"rl.advantage={kind!r}; choose one of {sorted(ESTIMATORS)}.")
+    return np.asarray(ESTIMATORS[kind](x, cfg))
 
 
 # ----------------------------------------------------------------------------- losses
