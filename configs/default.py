@@ -22,13 +22,13 @@ A tiny Qwen-architecture policy is trained from scratch on a laptop CPU:
    Δ_k is negative are dropped, the rest ranked by Δ_k and cut to the stage budget [6, 3, 0]
    (paper eq. 6 with N = 6 files, N_S = 3 stages) over 180 steps, the released scripts' count:
    each stage gets ~60 steps; on this tiny policy the skill-free success grows only in steps
-   run without skill text (README "Results"), so the last stage needs that length;
+   run without skill text (docs/results.md), so the last stage needs that length;
 4. evaluation on held-out task combinations with and without skills.
 
 Arguments (`:a=b,...`): `seed`, `runlocal` (a two-minute end-to-end smoke run), and `variant`
 (one of VARIANTS, the SKILL0 paper's Table 2 / Figure 7 ablations). `sweep()` runs every variant
 for three seeds: `python launch/sweep.py configs/default.py`.
-Hardware: 2 CPU cores. Expected time and results: see README "Results".
+Hardware: 2 CPU cores. Expected time and results: docs/results.md.
 """
 
 from skilljax.config import apply_variant, base_config, parse_arg, skill0_variants
