@@ -28,7 +28,8 @@ from skilljax import distributed
 from skilljax.envs.base import Task
 from skilljax.experiment import Run, build_run
 from skilljax.envs.pool import EnvPool
-from skilljax.rl.rollout import PROMPT_PARTS, RolloutConfig, behaviour_stats, rollout, skill_text
+from skilljax.rl.rollout import (PROMPT_PARTS, RolloutConfig, behaviour_stats, merge, rollout,
+                                 skill_text)
 from skilljax.rl.checkpoint import Checkpointer
 from skilljax.sampling import Sampler
 from skilljax.tokenizer import Tokenizer
@@ -70,6 +71,8 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
     Every task is played `samples_per_task` times per seed (the rollout group), with the given
     skill contexts (task type → text) or none. When no task has skill text (skills off, as in
     ReuseRL runs), both modes are the same episodes: they are played once and both keys hold them.
+    In a multi-process run each process plays its share of the tasks (`distributed.shard`) and the
+    shares are gathered, so every process returns the blocks of all tasks.
     """
     cfg = dataclasses.replace(cfg, group_size=samples_per_task)
     same = not any(skill_text(contexts, t).strip() for t in tasks)
@@ -81,10 +84,11 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
         results = []
         for j, seed in enumerate(seeds):
             key = jax.random.fold_in(rng, j)
-            results.append(rollout(sampler, tok, pool, tasks, cfg, key,
-                                   seeds=[seed * 1_000_003 + i for i in range(len(tasks))],
-                                   skill_context=contexts if mode == "with_skills" else None,
-                                   fmt=fmt))
+            mine = distributed.shard(len(tasks))
+            local = rollout(sampler, tok, pool, tasks[mine.start:mine.stop], cfg, key,
+                            seeds=[seed * 1_000_003 + i for i in mine], first_group=mine.start,
+                            skill_context=contexts if mode == "with_skills" else None, fmt=fmt)
+            results.append(merge(distributed.allgather_objects(local)))
         out[mode] = _block(results, samples_per_task)
     return out
 

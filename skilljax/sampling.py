@@ -9,6 +9,15 @@ them never recompiles. The KV cache is preallocated per shape and donated throug
 Returned `logprobs` are log-softmax of the raw logits (the policy itself, temperature 1, no
 truncation) at the sampled tokens: the "old logprobs" of GRPO. `sampling_logprobs` (optional) are
 under the distribution actually sampled from (temperature, top-k, top-p).
+
+Randomness is per row: `generate` takes one key per prompt (or one key, from which row i gets
+`fold_in(key, i)`), and decode step j of a row draws from `fold_in(row_key, j)`. A row's sample
+therefore does not depend on which other prompts share its batch, so a rollout split across
+processes samples what one process would (`skilljax.rl.rollout` keys rows by task group).
+
+In a multi-process run `generate` is collective: every process calls it once per turn with its own
+prompts (possibly none); the prompts and keys are gathered, sampled as one global batch on the
+global mesh, and each process gets its own rows back.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from skilljax import distributed
 from skilljax import sharding as shd
 from skilljax.distributed import to_host
 from skilljax.models import qwen
@@ -129,8 +139,8 @@ def _top_p_threshold(z_BV, top_p, iters: int = 40):
     return lo
 
 
-def _sample(logits_BV, rng, knobs: _Knobs, max_top_k: int):
-    """(token, policy logprob, sampling logprob) per row.
+def _sample(logits_BV, keys_B, knobs: _Knobs, max_top_k: int):
+    """(token, policy logprob, sampling logprob) per row; row b draws its uniform from keys_B[b].
 
     Temperature, then top-k, then top-p on the top-k-renormalised distribution (as in HF).
     Sampling is by inverse CDF with one uniform per row: a Gumbel per vocabulary entry costs more
@@ -140,7 +150,7 @@ def _sample(logits_BV, rng, knobs: _Knobs, max_top_k: int):
     b, vocab = logits_BV.shape
     t = jnp.where(knobs.temperature > 0, knobs.temperature, 1.0)
     z_BV = logits_BV / t
-    u_B = jax.random.uniform(rng, (b,))
+    u_B = jax.vmap(jax.random.uniform)(keys_B)
 
     def with_top_k():
         # Top-k candidates come sorted, so top-p within them is a prefix.
@@ -199,9 +209,10 @@ def _prefill(graphdef, state, cache, tokens_BP, mask_BP):
     return model.logits(h_BPD[:, -1:])[:, 0], cache
 
 
-def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, rng, knobs: _Knobs, max_new: int,
-            max_top_k: int):
+def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, knobs: _Knobs,
+            max_new: int, max_top_k: int):
     model = nnx.merge(graphdef, state)
+    keys_B = jax.random.wrap_key_data(key_data_B2)
     b, p = mask_BP.shape
     s = cache[0].k_BKSH.shape[2]
     prompt_len_B = jnp.sum(mask_BP, axis=-1).astype(jnp.int32)
@@ -211,8 +222,8 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, rng, knobs: _Kno
         return (st.step < knobs.max_new) & ~jnp.all(st.done_B)
 
     def body(st: _DecodeState):
-        token_B, logp_B, slogp_B = _sample(st.logits_BV, jax.random.fold_in(rng, st.step), knobs,
-                                           max_top_k)
+        step_keys_B = jax.vmap(jax.random.fold_in, (0, None))(keys_B, st.step)
+        token_B, logp_B, slogp_B = _sample(st.logits_BV, step_keys_B, knobs, max_top_k)
         live_B = ~st.done_B
         token_B = jnp.where(live_B, token_B, 0)
         is_stop_B = jnp.any(token_B[:, None] == knobs.stop_ids[None, :], axis=-1) & live_B
@@ -264,7 +275,7 @@ class Sampler:
     def _put(self, x: np.ndarray, axes):
         if self.layout is None:
             return jnp.asarray(x)
-        return jax.device_put(x, self.layout.sharding(x.shape, axes))
+        return distributed.put_rows(x, self.layout.sharding(x.shape, axes))
 
     def prepare(self, token_ids: Sequence[Sequence[int]], max_new_tokens: int):
         """Left-padded bucketed batch: (tokens_BP, mask_BP, cache length, generation bucket)."""
@@ -285,14 +296,40 @@ class Sampler:
 
     def generate(self, token_ids: Sequence[Sequence[int]], params: SamplingParams,
                  rng: jax.Array) -> SampleOutput:
+        """Generate for each prompt. `rng`: one key (row i samples from `fold_in(rng, i)`) or one
+        key per prompt (shape [len(token_ids)]). Collective in a multi-process run (module doc)."""
         if params.top_k > self.max_top_k:
             raise ValueError(f"top_k={params.top_k} exceeds this Sampler's max_top_k="
                              f"{self.max_top_k}; construct Sampler(..., max_top_k=...).")
         vocab = self.model.cfg.vocab_size
-        if not token_ids or any(len(t) == 0 for t in token_ids):
+        if (not token_ids and distributed.count() == 1) or any(len(t) == 0 for t in token_ids):
             raise ValueError("Every prompt needs at least one token.")
         if any(min(t) < 0 or max(t) >= vocab for t in token_ids):
             raise ValueError(f"Prompt token ids must lie in [0, {vocab}).")
+        token_ids = [list(t) for t in token_ids]
+        if rng.ndim == 0:
+            keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(len(token_ids)))
+        elif rng.shape != (len(token_ids),):
+            raise ValueError(f"rng: one key, or one key per prompt ({len(token_ids)}), got keys "
+                             f"of shape {rng.shape}.")
+        else:
+            keys = rng
+        key_data = np.asarray(jax.random.key_data(keys)).reshape(len(token_ids), -1)
+        if distributed.count() == 1:
+            return self._generate(token_ids, key_data, params)
+        parts = distributed.allgather_objects((token_ids, key_data))
+        start = sum(len(p[0]) for p in parts[:jax.process_index()])
+        if not any(p[0] for p in parts):
+            raise ValueError("Every prompt needs at least one token (no process has a prompt).")
+        out = self._generate(distributed.concat(p[0] for p in parts),
+                             np.concatenate([p[1] for p in parts]), params)
+        rows = slice(start, start + len(token_ids))
+        return SampleOutput(out.token_ids[rows], out.logprobs[rows], out.lengths[rows],
+                            out.finish_reasons[rows], out.sampling_logprobs[rows]
+                            if out.sampling_logprobs is not None else None)
+
+    def _generate(self, token_ids: list[list[int]], key_data: np.ndarray,
+                  params: SamplingParams) -> SampleOutput:
         tokens, mask, s, n = self.prepare(token_ids, params.max_new_tokens)
         b = tokens.shape[0]
         cache = self._caches.pop((b, s), None)
@@ -306,13 +343,16 @@ class Sampler:
         tokens_d = self._put(tokens, ("batch", "seq"))
         mask_d = self._put(mask, ("batch", "seq"))
         real_d = self._put(np.arange(b) < len(token_ids), ("batch",))
+        keys = np.zeros((b, key_data.shape[1]), key_data.dtype)  # filler rows: any key
+        keys[:len(token_ids)] = key_data
+        keys_d = self._put(keys, ("batch", None))
 
         t0 = time.perf_counter()
         logits, cache = self._prefill(self.graphdef, state, cache, tokens_d, mask_d)
         logits.block_until_ready()
         t1 = time.perf_counter()
         cache, out_tokens, logp, slogp, lengths, stopped = self._decode(
-            self.graphdef, state, cache, logits, mask_d, real_d, rng, knobs, n, self.max_top_k)
+            self.graphdef, state, cache, logits, mask_d, real_d, keys_d, knobs, n, self.max_top_k)
         out_tokens, logp, slogp, lengths, stopped = (
             to_host(a) for a in (out_tokens, logp, slogp, lengths, stopped))
         t2 = time.perf_counter()

@@ -158,16 +158,6 @@ def constrain(x: jax.Array, axes: Sequence[str | None], layout: Layout | None) -
     return jax.lax.with_sharding_constraint(x, layout.sharding(x.shape, axes))
 
 
-def put_replicated(x, layout: Layout | None) -> jax.Array:
-    """A host array onto every device of the layout's mesh (on one device without a layout).
-
-    In a multi-process run every process passes the same value; each supplies its own devices.
-    """
-    if layout is None:
-        return jax.numpy.asarray(x)
-    return jax.device_put(np.asarray(x), NamedSharding(layout.mesh, PartitionSpec()))
-
-
 def is_split(x: jax.Array) -> bool:
     """True when no device holds the whole array."""
     return all(s.data.shape != x.shape for s in x.addressable_shards)

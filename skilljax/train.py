@@ -34,7 +34,8 @@ from skilljax.metrics import MetricsWriter
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, warm_start
 from skilljax.rl.checkpoint import Checkpointer, RunState
-from skilljax.rl.rollout import LENGTH_MULTIPLE, collate, rollout
+from skilljax.rl import batch as batch_lib
+from skilljax.rl.rollout import merge, rollout
 from skilljax.skills import projection
 from skilljax.skills.curriculum import Curriculum
 from skilljax.skills.segmentation import SegmentationCost
@@ -135,27 +136,32 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         task_rng = np.random.default_rng([c.seed, step])
         idx = task_rng.choice(len(run.train_tasks), c.rl.tasks_per_step, replace=False)
         tasks = [run.train_tasks[i] for i in idx]
+        seeds = [int(x) for x in task_rng.integers(0, 2**31, len(tasks))]
         active = list(curriculum.active) if curriculum is not None else []
-        res = rollout(run.sampler, run.tok, run.pool, tasks, rcfg, keys("rollout", step),
-                      seeds=[int(x) for x in task_rng.integers(0, 2**31, len(tasks))],
-                      skill_context=curriculum.contexts() if curriculum is not None else {},
-                      fmt=run.fmt)
+        distributed.check_same("the step and active skills", (step, active))
+        # This process plays its share of the task groups; the shares are gathered, so what
+        # follows is the same on every process (and as one process would compute it).
+        mine = distributed.shard(len(tasks))
+        local = rollout(run.sampler, run.tok, run.pool, tasks[mine.start:mine.stop], rcfg,
+                        keys("rollout", step), seeds=seeds[mine.start:mine.stop],
+                        first_group=mine.start, fmt=run.fmt,
+                        skill_context=curriculum.contexts() if curriculum is not None else {})
+        res = merge(distributed.allgather_objects(local))
         terms, m = reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
         adv = advantages(c, res, terms)
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
         m.update(res.stats)
-        # Every process plays every episode until rollouts are split across hosts.
         m.update(rollout_s=time.time() - t0, trained_samples=len(keep),
-                 episodes=len(res.trajectories), episodes_local=len(res.trajectories),
+                 episodes=len(res.trajectories), episodes_local=len(local.trajectories),
                  reward_mean=float(rewards.trajectory_rewards(res).mean()),
                  shaped_reward_mean=float(rewards.trajectory_rewards(res, terms).mean()),
                  active_skills=len(active), active_files=active,
                  budget=curriculum.budget(step) if curriculum is not None else 0)
         updates = []
         if keep:
-            batch = learner_lib.Batch(**collate([res.samples[i] for i in keep], adv[keep],
-                                                run.tok.pad_id, multiple=LENGTH_MULTIPLE))
+            batch = batch_lib.collate([res.samples[i] for i in keep], adv[keep], run.tok.pad_id)
+            distributed.check_same("the learner batch", batch.tokens_BT.shape)
             updates = learner.update(batch, keys("update", step))
             for k in ("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"):
                 if updates and k in updates[-1]:
@@ -172,8 +178,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             add_time("validation", time.time() - t0)
         metrics.write(step, m)
         print(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
-              f"invalid {m['invalid_rate']:.3f} skills {len(active)} "
-              f"({m['step_s']:.1f}s)" + _val_line(m), flush=True)
+              f"invalid {m['invalid_rate']:.3f} skills {len(active)} episodes "
+              f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m),
+              flush=True)
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
             save(step)
 

@@ -138,6 +138,23 @@ def test_rng_explicit(checkpoints):
     assert a.token_ids != c.token_ids
 
 
+def test_a_row_samples_the_same_whatever_shares_its_batch(checkpoints):
+    """Randomness is per row: with its own key, a prompt gets the same sample alone, first or last
+    in a larger batch (what lets a rollout split across processes sample what one process would)."""
+    _, model = models.load(checkpoints["qwen3"][0])
+    sampler = Sampler(model)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    keys = jax.random.split(jax.random.key(7), len(PROMPTS))
+    whole = sampler.generate(PROMPTS, params, keys)
+    alone = sampler.generate(PROMPTS[2:3], params, keys[2:3])
+    reversed_ = sampler.generate(PROMPTS[::-1], params, keys[::-1])
+    assert alone.token_ids[0] == whole.token_ids[2]
+    assert reversed_.token_ids[::-1] == whole.token_ids
+    np.testing.assert_allclose(alone.logprobs[0], whole.logprobs[2], atol=1e-5)
+    with pytest.raises(ValueError, match="one key per prompt"):
+        sampler.generate(PROMPTS, params, keys[:2])
+
+
 def test_no_recompile_within_a_bucket(checkpoints, monkeypatch):
     chex.clear_trace_counter()
     monkeypatch.setattr(sampling, "_decode", chex.assert_max_traces(sampling._decode, n=1))

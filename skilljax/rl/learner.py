@@ -8,7 +8,9 @@ response tokens are padding and never trained.
 One `update` runs `ppo_epochs` passes over the batch's step samples in mini-batches of at most
 `mini_batch_size` samples, one AdamW step each, as the released runs do (`ppo_mini_batch_size`:
 `shared/reference/skill0_released_code.md` §6): a batch of n samples makes ceil(n / size)
-mini-batches of nearly equal size, padded to `row_multiple` rows so a run compiles few shapes. Each
+mini-batches of nearly equal size, padded to a multiple of `row_multiple` rows (and of the devices
+the rows are sharded over) so a run compiles few shapes; `skilljax.rl.batch` pads the sequence
+length, once, and places each mini-batch sharded over the batch axes. Each
 mini-batch runs in micro-batches whose gradients are accumulated exactly: loss numerators and
 denominators are summed over micro-batches before one division (`losses.policy_loss_terms`).
 
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,11 +32,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from skilljax import sharding as shd
 from skilljax.distributed import to_host
 from skilljax.models import qwen
+from skilljax.rl import batch as batch_lib
 from skilljax.rl import losses
-from skilljax.sampling import bucket_length
+from skilljax.rl.batch import Batch, response_window  # noqa: F401  (re-exported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +74,6 @@ class LearnerConfig:
                 "temperature 1.")
 
 
-class Batch(NamedTuple):
-    tokens_BT: jax.Array
-    loss_mask_BT: jax.Array     # 1 on response tokens
-    attn_mask_BT: jax.Array     # 1 on real (prompt or response) tokens
-    old_logp_BT: jax.Array
-    advantages_B: jax.Array
-    ref_logp_BT: jax.Array | None = None
-
-
 def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float = 1.0,
                    loss_mask_BT=None, window: int | None = None):
     """log π(tokens[t] | tokens[<t]) aligned with `tokens_BT` (position 0 gets 0), and entropy.
@@ -113,23 +105,6 @@ def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float
     return scatter(logp_BR), scatter(entropy_BR)
 
 
-def response_window(loss_mask_BT) -> int | None:
-    """A static window length (a `bucket_length` ≥ 16) covering every row's response, for
-    `token_logprobs`; None when a row's response is not one contiguous run of the loss mask or
-    the window would not be shorter than the sequence (then logits are computed everywhere)."""
-    m = np.asarray(loss_mask_BT) > 0
-    counts = m.sum(axis=1)
-    if not counts.any():
-        return None
-    first = m.argmax(axis=1)
-    last = m.shape[1] - 1 - m[:, ::-1].argmax(axis=1)
-    rows = counts > 0
-    if np.any((last - first + 1)[rows] != counts[rows]):
-        return None
-    window = bucket_length(int(counts.max()))
-    return window if window < m.shape[1] else None
-
-
 def _loss_terms(model, batch: Batch, cfg: LearnerConfig, window: int | None = None):
     logp_BT, entropy_BT = token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT, cfg.temperature,
                                          batch.loss_mask_BT, window)
@@ -148,8 +123,11 @@ def _loss_terms(model, batch: Batch, cfg: LearnerConfig, window: int | None = No
 
 
 def _split(batch: Batch, n: int) -> Batch:
-    """[B, ...] → [n, B/n, ...] for every field."""
-    return jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
+    """[B, ...] → [n, B/n, ...] for every field: micro-batch i takes rows i, i + n, i + 2n, ...,
+    so each keeps a share of every device's rows (the batch is row-sharded) and the split moves
+    no data. The loss sums over micro-batches, so which rows share one does not matter."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1),
+                        batch)
 
 
 def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
@@ -203,38 +181,31 @@ def _policy_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, loss_mask_BT, te
                      window: int | None, micro: int):
     """Logprobs of a mini-batch's tokens under `model`, one micro-batch at a time (no gradients)."""
     b, t = tokens_BT.shape
-    split = lambda x: x.reshape(b // micro, micro, t)
+    split = lambda x: x.reshape(micro, b // micro, t).swapaxes(0, 1)  # as `_split`
 
     def one(xs):
         tokens, attn, loss = xs
         return token_logprobs(model, tokens, attn, temperature, loss, window)[0]
 
     return jax.lax.map(one, (split(tokens_BT), split(attn_mask_BT), split(loss_mask_BT))
-                       ).reshape(b, t)
+                       ).swapaxes(0, 1).reshape(b, t)
 
 
-def _rows(n: int, cfg: LearnerConfig) -> tuple[int, int]:
-    """(mini-batches, rows per mini-batch) for n step samples."""
+def _rows(n: int, cfg: LearnerConfig, shards: int = 1) -> tuple[int, int]:
+    """(mini-batches, rows per mini-batch) for n step samples; rows are a multiple of the
+    micro-batch size and of `shards` (the devices the batch is split over)."""
     count = -(-n // (cfg.mini_batch_size or n))
-    multiple = np.lcm(cfg.row_multiple, cfg.micro_batch_size or 1)
+    multiple = np.lcm.reduce([cfg.row_multiple, cfg.micro_batch_size or 1, shards])
     return count, int(-(-(-(-n // count)) // multiple) * multiple)
 
 
-def mini_batches(order: np.ndarray, cfg: LearnerConfig) -> list[tuple[np.ndarray, int]]:
+def mini_batches(order: np.ndarray, cfg: LearnerConfig, shards: int = 1
+                 ) -> list[tuple[np.ndarray, int]]:
     """The step samples `order` (row indices) in ceil(n / mini_batch_size) mini-batches of nearly
     equal size: (row indices padded to one common row count, number of real rows) per mini-batch."""
-    count, rows = _rows(len(order), cfg)
+    count, rows = _rows(len(order), cfg, shards)
     return [(np.concatenate([chunk, np.full(rows - len(chunk), chunk[0])]), len(chunk))
             for chunk in np.array_split(order, count)]
-
-
-def gather(batch: dict[str, np.ndarray], idx: np.ndarray, real: int) -> dict[str, np.ndarray]:
-    """Rows `idx` of a host batch; rows past the first `real` carry no loss (padding)."""
-    mb = {k: v[idx] for k, v in batch.items()}
-    keep = np.arange(len(idx)) < real
-    mb["loss_mask_BT"] = mb["loss_mask_BT"] * keep[:, None].astype(mb["loss_mask_BT"].dtype)
-    mb["advantages_B"] = mb["advantages_B"] * keep.astype(mb["advantages_B"].dtype)
-    return mb
 
 
 class Learner:
@@ -250,10 +221,15 @@ class Learner:
             graphdef, state = nnx.split(model)
             self.reference = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
 
+    def _shards(self) -> int:
+        """Devices the batch rows are split over (the mesh's data × fsdp)."""
+        mesh = self.model.layout.mesh if self.model.layout is not None else None
+        return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
     def _logprobs(self, model, mb: dict[str, np.ndarray], window: int | None) -> np.ndarray:
         b = mb["tokens_BT"].shape[0]
         micro = self.cfg.micro_batch_size or b
-        put = lambda x: shd.put_replicated(x, self.model.layout)
+        put = lambda x: batch_lib.place(x, self.model.layout)
         return to_host(_policy_logprobs(model, put(mb["tokens_BT"]), put(mb["attn_mask_BT"]),
                                         put(mb["loss_mask_BT"]), self.cfg.temperature, window,
                                         micro if b % micro == 0 else b))
@@ -262,7 +238,7 @@ class Learner:
         """The frozen reference policy's logprobs at every position of `batch`."""
         if self.reference is None:
             raise ValueError("No reference policy: it is built only when kl_coef > 0.")
-        host = {k: to_host(v) for k, v in batch._asdict().items() if v is not None}
+        host = batch_lib.to_host(batch)
         host["loss_mask_BT"] = np.ones_like(host["loss_mask_BT"])
         return jnp.asarray(self._logprobs(self.reference, host, None))
 
@@ -270,25 +246,23 @@ class Learner:
         """ppo_epochs × mini-batches optimiser steps; one metrics dict per step ([] when no row
         has response tokens).
 
-        With `rng`, samples are shuffled before each epoch (otherwise kept in order, as verl's
-        `shuffle=False`).
+        `batch`: host arrays as `batch.collate` pads them (device arrays are fetched). With `rng`,
+        samples are shuffled before each epoch (otherwise kept in order, as verl's
+        `shuffle=False`). Each mini-batch is placed sharded over the batch axes (`batch.place`).
         """
-        host = {k: to_host(v) for k, v in batch._asdict().items() if v is not None}
-        t = host["tokens_BT"].shape[1]
-        extra = bucket_length(t) - t  # a bucketed length: a run compiles a few shapes only
-        host = {k: v if v.ndim == 1 or not extra else np.pad(v, ((0, 0), (0, extra)))
-                for k, v in host.items()}
+        host = batch_lib.to_host(batch)
         real = np.flatnonzero(host["loss_mask_BT"].sum(axis=1) > 0)
         if not len(real):
             return []
         window = response_window(host["loss_mask_BT"]) if self.cfg.response_window else None
+        shards = self._shards()
         # Old (and reference) logprobs of every sample before the first optimiser step, in the
         # first epoch's mini-batches when unshuffled (so its first ratio is exactly that of step 1).
         need_ref = self.cfg.kl_coef > 0 and "ref_logp_BT" not in host
         if self.cfg.recompute_old_logp or need_ref:
             old, ref = np.zeros_like(host["old_logp_BT"]), np.zeros_like(host["old_logp_BT"])
-            for idx, n in mini_batches(real, self.cfg):
-                mb = gather(host, idx, n)
+            for idx, n in mini_batches(real, self.cfg, shards):
+                mb = batch_lib.rows(host, idx, n)
                 if self.cfg.recompute_old_logp:
                     old[idx[:n]] = self._logprobs(self.model, mb, window)[:n]
                 if need_ref:
@@ -302,11 +276,10 @@ class Learner:
         for epoch in range(self.cfg.ppo_epochs):
             order = real if rng is None else real[np.asarray(jax.random.permutation(
                 jax.random.fold_in(rng, epoch), len(real)))]
-            for idx, n in mini_batches(order, self.cfg):
-                mb = gather(host, idx, n)
+            for idx, n in mini_batches(order, self.cfg, shards):
+                mb = batch_lib.rows(host, idx, n)
                 t0 = time.perf_counter()
-                metrics = self._step(Batch(**{k: shd.put_replicated(v, self.model.layout)
-                                              for k, v in mb.items()}), window)
+                metrics = self._step(batch_lib.place_batch(mb, self.model.layout), window)
                 step_s = time.perf_counter() - t0
                 trained = mb["loss_mask_BT"].sum(axis=1) > 0
                 adv = mb["advantages_B"][trained]

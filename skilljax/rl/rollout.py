@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from skilljax import distributed
 from skilljax.envs.base import Task
 from skilljax.envs.pool import EnvPool
 from skilljax.sampling import Sampler, SampleOutput, SamplingParams
@@ -202,8 +203,15 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             cfg: RolloutConfig, rng: jax.Array, *, seeds: Sequence[int] | None = None,
             skill_context: Callable[[Task], str] | Mapping[str, str] | None = None,
             fmt=ThinkAction(), expert: bool = False, expert_noise: float = 0.0,
-            expert_repeat: float = 0.0, noise_seed: int = 0) -> RolloutResult:
+            expert_repeat: float = 0.0, noise_seed: int = 0, first_group: int = 0) -> RolloutResult:
     """Plays every task `group_size` times; all members of a group get the same env seed.
+
+    Sampling is keyed per episode: member m of the task with group id `first_group + k` samples
+    turn t from `fold_in(fold_in(fold_in(rng, group), m), t)`, whatever else shares the batch. A
+    process playing its share of a batch's tasks (`first_group` = the global index of its first
+    task) therefore samples what one process playing them all would; `merge` joins the shares. In a
+    multi-process run, sampled rollouts are collective: every process calls this, and the turns go
+    on while any process has a live episode.
 
     With `expert=True` the env's expert acts instead of the sampler (responses rendered by
     `fmt.render`, logprobs 0): the same prompts, for supervised warm-start data. With
@@ -225,13 +233,17 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     noise_rng = np.random.default_rng(noise_seed)
     n_groups, g = len(tasks), cfg.group_size
     seeds = list(seeds) if seeds is not None else list(range(n_groups))
-    trajs = [Trajectory(task, i // g, seeds[i // g]) for i, task in
+    trajs = [Trajectory(task, first_group + i // g, seeds[i // g]) for i, task in
              enumerate(t for t in tasks for _ in range(g))]
+    episode_keys = jax.vmap(lambda grp, m: jax.random.fold_in(jax.random.fold_in(rng, grp), m))(
+        np.asarray([t.group for t in trajs], np.int32), np.arange(len(trajs), dtype=np.int32) % g
+    ) if trajs and not expert else None
+    collective = not expert and distributed.count() > 1
     contexts = [skill_text(skill_context, t.task) for t in trajs]
     params = dataclasses.replace(cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids
                                  or tok.stop_ids)
     t_start = time.perf_counter()
-    resets = pool.reset([t.task for t in trajs], [t.seed for t in trajs])
+    resets = pool.reset([t.task for t in trajs], [t.seed for t in trajs]) if trajs else []
     env_s, sample_s = time.perf_counter() - t_start, 0.0
     obs, admissible, goal, history, state = {}, {}, {}, {}, {}
     for i, r in enumerate(resets):
@@ -244,12 +256,11 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     samples: list[StepSample] = []
     for turn in range(cfg.max_turns):
         live = [i for i, t in enumerate(trajs) if not t.done]
-        if not live:
+        if not (distributed.any_process(bool(live)) if collective else live):
             break
         prompts = [build_prompt(tok, cfg.prompt, fmt, goal=goal[i], observation=obs[i],
                                 history=history[i], step=turn, skill_context=contexts[i],
                                 admissible=admissible[i]) for i in live]
-        rng, key = jax.random.split(rng)
         t0 = time.perf_counter()
         perturbed = set()
         if expert:
@@ -260,7 +271,9 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 perturbed = _perturb(out, tok, fmt, acts, live, admissible, expert_noise,
                                      noise_rng, expert_repeat, last)
         else:
-            out = sampler.generate([p.ids for p in prompts], params, key)
+            keys = (jax.vmap(jax.random.fold_in, (0, None))(episode_keys[np.asarray(live)], turn)
+                    if live else jax.random.split(rng, 0))
+            out = sampler.generate([p.ids for p in prompts], params, keys)
         sample_s += time.perf_counter() - t0
         actions = {}
         for j, i in enumerate(live):
@@ -273,6 +286,8 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                                       trajs[i].group, turn, action, valid, reason, 0.0,
                                       out.finish_reasons[j] == "length", counts, state[i],
                                       perturbed=i in perturbed))
+        if not live:
+            continue
         t0 = time.perf_counter()
         results = pool.step(actions)
         env_s += time.perf_counter() - t0
@@ -289,9 +304,14 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             if r.done:
                 t.done, t.won = True, bool(r.won)
                 t.failure = r.info.get("failure")
-    wall = time.perf_counter() - t_start
+    stats = _stats(samples, trajs, time.perf_counter() - t_start, env_s, sample_s)
+    return RolloutResult(samples, trajs, stats)
+
+
+def _stats(samples: Sequence[StepSample], trajs: Sequence[Trajectory], wall: float, env_s: float,
+           sample_s: float) -> dict[str, float]:
     n = max(len(samples), 1)
-    stats = dict(
+    return dict(
         wall_s=wall, env_s=env_s, sample_s=sample_s, env_steps=len(samples),
         steps_per_s=len(samples) / wall if wall else 0.0,
         success_rate=float(np.mean([t.won for t in trajs])) if trajs else 0.0,
@@ -299,7 +319,26 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         failures=sum(t.failure is not None for t in trajs),
         **behaviour_stats(trajs),
         **{f"tokens_{k}": sum(s.counts[k] for s in samples) / n for k in PROMPT_PARTS + ("response",)})
-    return RolloutResult(samples, trajs, stats)
+
+
+def merge(parts: Sequence[RolloutResult]) -> RolloutResult:
+    """One result from the shares that processes played of one batch of tasks (in process order,
+    i.e. in group order), laid out as one process playing all of them would have: trajectories
+    in group order, samples by (turn, episode). Timings are those of the slowest share."""
+    if len(parts) == 1:
+        return parts[0]
+    trajs, samples = [], []
+    for part in parts:
+        offset = len(trajs)
+        for s in part.samples:
+            samples.append(dataclasses.replace(s, episode=s.episode + offset))
+        trajs.extend(dataclasses.replace(t, samples=[]) for t in part.trajectories)
+    samples.sort(key=lambda s: (s.step, s.episode))
+    for k, s in enumerate(samples):
+        trajs[s.episode].samples.append(k)
+    slowest = lambda key: max((p.stats.get(key, 0.0) for p in parts), default=0.0)
+    return RolloutResult(samples, trajs, _stats(samples, trajs, slowest("wall_s"),
+                                                slowest("env_s"), slowest("sample_s")))
 
 
 def env_applied(r) -> bool:
@@ -380,36 +419,3 @@ def skill_text(skill_context, task: Task) -> str:
     if callable(skill_context):
         return skill_context(task)
     return skill_context.get(task.type, "")
-
-
-# ---------------------------------------------------------------------------- learner batches
-
-# Batch rows are padded to a multiple of this many tokens (not a power of two): a few more
-# shapes for the jitted update / warm-start step to compile, much less padding.
-LENGTH_MULTIPLE = 32
-
-
-def collate(samples: Sequence[StepSample], advantages: Sequence[float], pad_id: int,
-            length: int | None = None, multiple: int = 1) -> dict[str, np.ndarray]:
-    """Step samples → right-padded arrays for `learner.Batch` (prompt then response per row).
-
-    Rows are `length` long, or the longest sample rounded up to a `multiple` (the jitted update
-    then compiles one shape per multiple, not one per longest sample).
-    """
-    t = length or -(-max(len(s.prompt_ids) + len(s.response_ids) for s in samples) // multiple
-                    ) * multiple
-    b = len(samples)
-    tokens = np.full((b, t), pad_id, np.int32)
-    loss_mask = np.zeros((b, t), np.float32)
-    attn_mask = np.zeros((b, t), np.int32)
-    old_logp = np.zeros((b, t), np.float32)
-    for r, s in enumerate(samples):
-        p, n = len(s.prompt_ids), len(s.response_ids)
-        if p + n > t:
-            raise ValueError(f"Sample {r} has {p + n} tokens, more than length={t}.")
-        tokens[r, :p + n] = s.prompt_ids + s.response_ids
-        attn_mask[r, :p + n] = 1
-        loss_mask[r, p:p + n] = 1
-        old_logp[r, p:p + n] = s.logprobs
-    return dict(tokens_BT=tokens, loss_mask_BT=loss_mask, attn_mask_BT=attn_mask,
-                old_logp_BT=old_logp, advantages_B=np.asarray(advantages, np.float32))

@@ -16,10 +16,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from skilljax import sharding as shd
 from skilljax.models import qwen
-from skilljax.rl.learner import response_window, token_logprobs
-from skilljax.rl.rollout import LENGTH_MULTIPLE, StepSample, collate
+from skilljax.rl import batch as batch_lib
+from skilljax.rl.batch import response_window
+from skilljax.rl.learner import token_logprobs
+from skilljax.rl.rollout import StepSample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +75,8 @@ _eval_nll = nnx.jit(response_nll, static_argnums=(4,))
 
 
 def _batch(samples: Sequence[StepSample], pad_id: int):
-    a = collate(samples, np.zeros(len(samples)), pad_id, multiple=LENGTH_MULTIPLE)
-    return a["tokens_BT"], a["loss_mask_BT"], a["attn_mask_BT"]
+    a = batch_lib.collate(samples, np.zeros(len(samples)), pad_id)
+    return a.tokens_BT, a.loss_mask_BT, a.attn_mask_BT
 
 
 def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_id: int,
@@ -119,7 +120,7 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
         t0 = time.perf_counter()
         arrays = _batch([pool[i] for i in idx], pad_id)
         window = response_window(arrays[1])
-        loss, gnorm = _step(model, optimizer, *(shd.put_replicated(a, model.layout) for a in arrays),
+        loss, gnorm = _step(model, optimizer, *(batch_lib.place(a, model.layout) for a in arrays),
                             window, cfg.prompt_loss_weight)
         metrics = dict(step=step + 1, loss=float(loss), grad_norm=float(gnorm),
                        step_s=time.perf_counter() - t0)
@@ -143,7 +144,7 @@ def evaluate_nll(model: qwen.Qwen, samples: Sequence[StepSample], pad_id: int,
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
         arrays = _batch(chunk, pad_id)
-        tokens, mask, attn = (shd.put_replicated(a, model.layout) for a in arrays)
+        tokens, mask, attn = (batch_lib.place(a, model.layout) for a in arrays)
         n = float(mask.sum())
         total += float(_eval_nll(model, tokens, mask, attn, response_window(arrays[1]))) * n
         count += n

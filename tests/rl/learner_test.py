@@ -251,7 +251,8 @@ def test_mini_batch_steps_match_separate_updates():
 def test_first_mini_batch_is_on_policy_at_any_temperature():
     """Sampled at temperature 0.7, the sampler's logprobs are those of the raw logits; the learner
     recomputes them under its own policy (logits / 0.7), so its first step has ratio 1."""
-    from skilljax.rl.rollout import StepSample, collate
+    from skilljax.rl.batch import collate
+    from skilljax.rl.rollout import StepSample
     _, model = models.load("tiny", num_layers=1, seed=0)
     prompts = [[4, 8, 15, 16], [23, 42, 7], [5, 9, 11, 13, 2]]
     out = Sampler(model).generate(prompts, SamplingParams(max_new_tokens=8, temperature=0.7),
@@ -259,7 +260,7 @@ def test_first_mini_batch_is_on_policy_at_any_temperature():
     samples = [StepSample(p, list(out.token_ids[i]), out.logprobs[i], episode=i, group=0, step=0,
                           action="", valid=True, invalid_reason="", reward=0.0,
                           truncated_response=False, counts={}) for i, p in enumerate(prompts)]
-    batch = Batch(**collate(samples, [1.0, -0.5, 0.3], pad_id=0))
+    batch = collate(samples, [1.0, -0.5, 0.3], pad_id=0)
     at_one = Learner(model, LearnerConfig(recompute_old_logp=False, learning_rate=0.0))
     assert abs(at_one.update(batch)[0]["approx_kl"]) < 1e-5  # T = 1: the sampler's are π's
     first = Learner(model, LearnerConfig(temperature=0.7, mini_batch_size=2)).update(batch)

@@ -6,9 +6,11 @@ from skilljax import models
 from skilljax.envs.chores import Chores
 from skilljax.envs.pool import EnvPool
 from skilljax.rl import learner
+from skilljax.rl import batch as batch_lib
+from skilljax.rl.batch import collate
 from skilljax.rl.rollout import (PROMPT_PARTS, PromptConfig, RolloutConfig, ThinkAction,
-                                 Trajectory, build_prompt, collate, rollout)
-from skilljax.sampling import Sampler, SampleOutput, SamplingParams
+                                 Trajectory, build_prompt, merge, rollout)
+from skilljax.sampling import Sampler, SampleOutput, SamplingParams, bucket_length
 from skilljax.tokenizer import Tokenizer
 from skilljax.tools.bench_rollout import env_texts
 
@@ -134,21 +136,48 @@ def test_rollout_records_exactly_what_the_sampler_saw(tok, pool):
     last = tok.decode(res.samples[-1].prompt_ids)
     assert last.count("[Observation]:") == 2 and "Your last 2 observation(s)" in last
     # Collated for the learner, the stored logprobs are the policy's (recomputed by a forward pass).
-    arrays = collate(res.samples, np.zeros(len(res.samples)), tok.pad_id)
+    arrays = batch_lib.to_host(collate(res.samples, np.zeros(len(res.samples)), tok.pad_id))
+    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in res.samples)
+    t = arrays["tokens_BT"].shape[1]
+    assert t == bucket_length(longest) >= longest  # one bucket policy
     logp, _ = learner.token_logprobs(model, arrays["tokens_BT"], arrays["attn_mask_BT"])
     mask = arrays["loss_mask_BT"] > 0
     np.testing.assert_allclose(np.asarray(logp)[mask], arrays["old_logp_BT"][mask], atol=2e-5)
     assert mask.sum() == sum(len(s.response_ids) for s in res.samples)
-    # Rounded up to a multiple of 32 tokens: the same rows, padded with nothing attended.
-    padded = collate(res.samples, np.zeros(len(res.samples)), tok.pad_id, multiple=32)
-    t = arrays["tokens_BT"].shape[1]
-    assert padded["tokens_BT"].shape[1] == -(-t // 32) * 32 >= t
+    # At an explicit longer length: the same rows, padded with nothing attended.
+    padded = batch_lib.to_host(collate(res.samples, np.zeros(len(res.samples)), tok.pad_id,
+                                       length=t + 7))
+    assert padded["tokens_BT"].shape[1] == t + 7
     for k, v in arrays.items():
         if v.ndim == 1:  # per-row values (advantages)
             np.testing.assert_array_equal(padded[k], v)
             continue
         np.testing.assert_array_equal(padded[k][:, :t], v)
         assert not padded[k][:, t:].any() or k == "tokens_BT"
+
+
+def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool):
+    """What processes do under jax.distributed, in one process: each plays a share of the task
+    groups (`first_group` = its first task's index); merged, the shares equal one rollout of all
+    tasks: the same trajectories, step samples in the same order, the same sampled tokens."""
+    _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
+    sampler = Sampler(model, pad_id=tok.pad_id)
+    tasks = Chores.make_tasks("train", 3, seed=1)
+    cfg = RolloutConfig(group_size=2, max_turns=3,
+                        sampling=SamplingParams(max_new_tokens=10, temperature=1.0))
+    seeds, key = [4, 7, 11], jax.random.key(3)
+    whole = rollout(sampler, tok, pool, tasks, cfg, key, seeds=seeds)
+    shares = [rollout(sampler, tok, pool, tasks[a:b], cfg, key, seeds=seeds[a:b], first_group=a)
+              for a, b in ((0, 1), (1, 3))]
+    merged = merge(shares)
+    assert [t.group for t in merged.trajectories] == [0, 0, 1, 1, 2, 2]
+    assert [(t.task.id, t.seed, t.actions) for t in merged.trajectories] == \
+        [(t.task.id, t.seed, t.actions) for t in whole.trajectories]
+    assert [(s.episode, s.group, s.step, s.prompt_ids, s.response_ids) for s in merged.samples] == \
+        [(s.episode, s.group, s.step, s.prompt_ids, s.response_ids) for s in whole.samples]
+    assert [t.samples for t in merged.trajectories] == [t.samples for t in whole.trajectories]
+    assert merged.stats["success_rate"] == whole.stats["success_rate"]
+    assert merged.stats["env_steps"] == whole.stats["env_steps"] == len(whole.samples)
 
 
 def test_scripted_responses_valid_invalid_and_bytes(tok, pool):

@@ -1,0 +1,104 @@
+"""Step samples → the learner's batch: the one place rows are padded, windowed and placed.
+
+`collate` pads every row once, to one bucket policy (`sampling.bucket_length` of the longest
+sample: 2^k and 1.5·2^k, so a run compiles a handful of lengths); the learner and the warm start
+take its arrays as they are. `response_window` is computed on the host from the loss mask: the
+static window over which the learner projects to the vocabulary. `place` puts a (mini-)batch on
+the mesh sharded over the batch axes (rows over `data` × `fsdp`), each process supplying only its
+own devices' rows (`distributed.put_rows`, i.e. `jax.make_array_from_process_local_data`).
+
+In a multi-process run every process holds the same global host batch (the processes' step
+samples are gathered after the rollout, `skilljax.rl.rollout.merge`), so mini-batches are cut from
+one global order, exactly as one process would cut them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from skilljax import distributed
+from skilljax import sharding as shd
+from skilljax.sampling import bucket_length
+
+
+class Batch(NamedTuple):
+    """The learner's arrays (host numpy or device); rows without response tokens are padding."""
+    tokens_BT: jax.Array
+    loss_mask_BT: jax.Array     # 1 on response tokens
+    attn_mask_BT: jax.Array     # 1 on real (prompt or response) tokens
+    old_logp_BT: jax.Array
+    advantages_B: jax.Array
+    ref_logp_BT: jax.Array | None = None
+
+
+def collate(samples: Sequence, advantages: Sequence[float], pad_id: int,
+            length: int | None = None) -> Batch:
+    """Step samples → right-padded host arrays (prompt then response per row), `length` tokens
+    long or the longest sample's `bucket_length`."""
+    if not samples:
+        raise ValueError("collate needs at least one step sample.")
+    longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    t = length or bucket_length(longest)
+    b = len(samples)
+    tokens = np.full((b, t), pad_id, np.int32)
+    loss_mask = np.zeros((b, t), np.float32)
+    attn_mask = np.zeros((b, t), np.int32)
+    old_logp = np.zeros((b, t), np.float32)
+    for r, s in enumerate(samples):
+        p, n = len(s.prompt_ids), len(s.response_ids)
+        if p + n > t:
+            raise ValueError(f"Sample {r} has {p + n} tokens, more than length={t}.")
+        tokens[r, :p + n] = s.prompt_ids + s.response_ids
+        attn_mask[r, :p + n] = 1
+        loss_mask[r, p:p + n] = 1
+        old_logp[r, p:p + n] = s.logprobs
+    return Batch(tokens, loss_mask, attn_mask, old_logp, np.asarray(advantages, np.float32))
+
+
+def to_host(batch: Batch) -> dict[str, np.ndarray]:
+    """A batch's fields as host arrays (None fields dropped)."""
+    return {k: distributed.to_host(v) for k, v in batch._asdict().items() if v is not None}
+
+
+def response_window(loss_mask_BT) -> int | None:
+    """A static window length (a `bucket_length` ≥ 16) covering every row's response, for
+    `learner.token_logprobs`; None when a row's response is not one contiguous run of the loss
+    mask or the window would not be shorter than the sequence (then logits are computed
+    everywhere)."""
+    m = np.asarray(loss_mask_BT) > 0
+    counts = m.sum(axis=1)
+    if not counts.any():
+        return None
+    first = m.argmax(axis=1)
+    last = m.shape[1] - 1 - m[:, ::-1].argmax(axis=1)
+    rows = counts > 0
+    if np.any((last - first + 1)[rows] != counts[rows]):
+        return None
+    window = bucket_length(int(counts.max()))
+    return window if window < m.shape[1] else None
+
+
+def rows(host: dict[str, np.ndarray], idx: np.ndarray, real: int) -> dict[str, np.ndarray]:
+    """Rows `idx` of a host batch; rows past the first `real` carry no loss (padding)."""
+    mb = {k: v[idx] for k, v in host.items()}
+    keep = np.arange(len(idx)) < real
+    mb["loss_mask_BT"] = mb["loss_mask_BT"] * keep[:, None].astype(mb["loss_mask_BT"].dtype)
+    mb["advantages_B"] = mb["advantages_B"] * keep.astype(mb["advantages_B"].dtype)
+    return mb
+
+
+def place(x: np.ndarray, layout: shd.Layout | None) -> jax.Array:
+    """A host array with rows first onto the mesh, rows sharded over the batch axes."""
+    if layout is None:
+        return jnp.asarray(x)
+    return distributed.put_rows(np.asarray(x), layout.sharding(
+        x.shape, ("batch",) + (None,) * (x.ndim - 1)))
+
+
+def place_batch(host: dict[str, np.ndarray], layout: shd.Layout | None) -> Batch:
+    return Batch(**{k: place(v, layout) for k, v in host.items()})
