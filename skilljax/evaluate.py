@@ -86,7 +86,7 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
             key = jax.random.fold_in(rng, j)
             mine = distributed.shard(len(tasks))
             local = rollout(sampler, tok, pool, tasks[mine.start:mine.stop], cfg, key,
-                            seeds=[seed * 1_000_003 + i for i in mine], first_group=mine.start,
+                            seeds=[seed * 1_000_003 + i for i in mine], group_ids=mine,
                             skill_context=contexts if mode == "with_skills" else None, fmt=fmt)
             results.append(merge(distributed.allgather_objects(local)))
         out[mode] = _block(results, samples_per_task)

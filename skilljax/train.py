@@ -36,6 +36,7 @@ from skilljax.rl import losses, warm_start
 from skilljax.rl.checkpoint import Checkpointer, RunState
 from skilljax.rl import batch as batch_lib
 from skilljax.rl.rollout import merge, rollout
+from skilljax.rl.task_stream import TaskStream
 from skilljax.skills import projection
 from skilljax.skills.curriculum import Curriculum
 from skilljax.skills.segmentation import SegmentationCost
@@ -129,22 +130,21 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         print("step 0:" + _val_line(m), flush=True)
         save(0)
     rcfg = run.rollout_config(evaluation=False)
+    stream = TaskStream(len(run.train_tasks), c.rl.tasks_per_step, c.seed)
+    if state.task_stream or state.step:  # (checkpoints older than the stream: its position)
+        stream.set_state(state.task_stream or {"next_index": state.step})
     for step in range(state.step + 1, c.rl.steps + 1):
         t0 = time.time()
         # Tasks of this step: a deterministic function of (seed, step), so a resumed run sees
         # the same data as an uninterrupted one.
-        task_rng = np.random.default_rng([c.seed, step])
-        idx = task_rng.choice(len(run.train_tasks), c.rl.tasks_per_step, replace=False)
-        tasks = [run.train_tasks[i] for i in idx]
-        seeds = [int(x) for x in task_rng.integers(0, 2**31, len(tasks))]
+        share = next(stream)  # this process's task groups of this step (`rl.task_stream`)
         active = list(curriculum.active) if curriculum is not None else []
         distributed.check_same("the step and active skills", (step, active))
-        # This process plays its share of the task groups; the shares are gathered, so what
-        # follows is the same on every process (and as one process would compute it).
-        mine = distributed.shard(len(tasks))
-        local = rollout(run.sampler, run.tok, run.pool, tasks[mine.start:mine.stop], rcfg,
-                        keys("rollout", step), seeds=seeds[mine.start:mine.stop],
-                        first_group=mine.start, fmt=run.fmt,
+        # The processes' shares are gathered, so what follows is the same on every process (and
+        # as one process would compute it).
+        local = rollout(run.sampler, run.tok, run.pool, [run.train_tasks[i] for i in share.tasks],
+                        rcfg, keys("rollout", step), seeds=share.seeds, group_ids=share.groups,
+                        fmt=run.fmt,
                         skill_context=curriculum.contexts() if curriculum is not None else {})
         res = merge(distributed.allgather_objects(local))
         terms, m = reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
@@ -182,6 +182,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
               f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m),
               flush=True)
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
+            state.task_stream = stream.get_state()
             save(step)
 
     # ------------------------------------------------------------------ final evaluation

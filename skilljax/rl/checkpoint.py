@@ -36,7 +36,7 @@ class RunState:
     warm_start: the warm start's record (None until it ran). wall_s: wall time of the processes that
     ran before this one (resume adds). timing: seconds per phase, over all of them. curriculum,
     reuse: `state_dict()` of the SKILL0 curriculum and of ReuseRL's segmentation cost, when the run
-    has them.
+    has them. task_stream: the RL task stream's iterator state (`rl.task_stream.TaskStream`).
     """
     step: int = 0
     eval: dict = dataclasses.field(default_factory=dict)
@@ -45,6 +45,7 @@ class RunState:
     timing: dict = dataclasses.field(default_factory=dict)
     curriculum: dict | None = None
     reuse: dict | None = None
+    task_stream: dict | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -203,13 +203,14 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             cfg: RolloutConfig, rng: jax.Array, *, seeds: Sequence[int] | None = None,
             skill_context: Callable[[Task], str] | Mapping[str, str] | None = None,
             fmt=ThinkAction(), expert: bool = False, expert_noise: float = 0.0,
-            expert_repeat: float = 0.0, noise_seed: int = 0, first_group: int = 0) -> RolloutResult:
+            expert_repeat: float = 0.0, noise_seed: int = 0,
+            group_ids: Sequence[int] | None = None) -> RolloutResult:
     """Plays every task `group_size` times; all members of a group get the same env seed.
 
-    Sampling is keyed per episode: member m of the task with group id `first_group + k` samples
-    turn t from `fold_in(fold_in(fold_in(rng, group), m), t)`, whatever else shares the batch. A
-    process playing its share of a batch's tasks (`first_group` = the global index of its first
-    task) therefore samples what one process playing them all would; `merge` joins the shares. In a
+    Sampling is keyed per episode: member m of the task with group id `group_ids[k]` (default k)
+    samples turn t from `fold_in(fold_in(fold_in(rng, group), m), t)`, whatever else shares the
+    batch. A process playing its share of a batch's tasks (`group_ids`: their positions in the whole
+    batch) therefore samples what one process playing them all would; `merge` joins the shares. In a
     multi-process run, sampled rollouts are collective: every process calls this, and the turns go
     on while any process has a live episode.
 
@@ -233,7 +234,8 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     noise_rng = np.random.default_rng(noise_seed)
     n_groups, g = len(tasks), cfg.group_size
     seeds = list(seeds) if seeds is not None else list(range(n_groups))
-    trajs = [Trajectory(task, first_group + i // g, seeds[i // g]) for i, task in
+    group_ids = list(group_ids) if group_ids is not None else list(range(n_groups))
+    trajs = [Trajectory(task, group_ids[i // g], seeds[i // g]) for i, task in
              enumerate(t for t in tasks for _ in range(g))]
     episode_keys = jax.vmap(lambda grp, m: jax.random.fold_in(jax.random.fold_in(rng, grp), m))(
         np.asarray([t.group for t in trajs], np.int32), np.arange(len(trajs), dtype=np.int32) % g
@@ -322,17 +324,17 @@ def _stats(samples: Sequence[StepSample], trajs: Sequence[Trajectory], wall: flo
 
 
 def merge(parts: Sequence[RolloutResult]) -> RolloutResult:
-    """One result from the shares that processes played of one batch of tasks (in process order,
-    i.e. in group order), laid out as one process playing all of them would have: trajectories
-    in group order, samples by (turn, episode). Timings are those of the slowest share."""
+    """One result from the shares that processes played of one batch of tasks, laid out as one
+    process playing all of them would have: trajectories by group id (members in order), samples
+    by (turn, episode). Timings are those of the slowest share."""
     if len(parts) == 1:
         return parts[0]
-    trajs, samples = [], []
-    for part in parts:
-        offset = len(trajs)
-        for s in part.samples:
-            samples.append(dataclasses.replace(s, episode=s.episode + offset))
-        trajs.extend(dataclasses.replace(t, samples=[]) for t in part.trajectories)
+    order = sorted(((t.group, k, i) for k, part in enumerate(parts)
+                    for i, t in enumerate(part.trajectories)))
+    new = {(k, i): e for e, (_, k, i) in enumerate(order)}
+    trajs = [dataclasses.replace(parts[k].trajectories[i], samples=[]) for _, k, i in order]
+    samples = [dataclasses.replace(s, episode=new[k, s.episode])
+               for k, part in enumerate(parts) for s in part.samples]
     samples.sort(key=lambda s: (s.step, s.episode))
     for k, s in enumerate(samples):
         trajs[s.episode].samples.append(k)

@@ -158,7 +158,7 @@ def test_rollout_records_exactly_what_the_sampler_saw(tok, pool):
 
 def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool):
     """What processes do under jax.distributed, in one process: each plays a share of the task
-    groups (`first_group` = its first task's index); merged, the shares equal one rollout of all
+    groups (`group_ids`: their positions in the whole batch); merged, the shares equal one rollout of all
     tasks: the same trajectories, step samples in the same order, the same sampled tokens."""
     _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
     sampler = Sampler(model, pad_id=tok.pad_id)
@@ -167,9 +167,9 @@ def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool):
                         sampling=SamplingParams(max_new_tokens=10, temperature=1.0))
     seeds, key = [4, 7, 11], jax.random.key(3)
     whole = rollout(sampler, tok, pool, tasks, cfg, key, seeds=seeds)
-    shares = [rollout(sampler, tok, pool, tasks[a:b], cfg, key, seeds=seeds[a:b], first_group=a)
-              for a, b in ((0, 1), (1, 3))]
-    merged = merge(shares)
+    shares = [rollout(sampler, tok, pool, [tasks[i] for i in ids], cfg, key,
+                      seeds=[seeds[i] for i in ids], group_ids=ids) for ids in ([1], [0, 2])]
+    merged = merge(shares)  # interleaved shares, as the task stream deals them
     assert [t.group for t in merged.trajectories] == [0, 0, 1, 1, 2, 2]
     assert [(t.task.id, t.seed, t.actions) for t in merged.trajectories] == \
         [(t.task.id, t.seed, t.actions) for t in whole.trajectories]
