@@ -155,9 +155,9 @@ def _tokenizer(c, workdir: Path, pool, bank, fmt, train_tasks, *, train: bool) -
     with `train`, one trained on expert episodes of the env (saved to the workdir)."""
     tok_dir = workdir / "tokenizer"
     distributed.barrier("tokenizer")  # every process looks before process 0 writes one
-    entry = warm_start_cache(c)
     if (tok_dir / "tokenizer.json").exists():
         return Tokenizer.load(tok_dir)
+    entry = warm_start_cache(c)
     if warm_start.cached(entry):
         tok = Tokenizer.load(entry / "tokenizer")  # the warm start's own tokenizer
     elif c.tokenizer.path:

@@ -8,6 +8,7 @@ the step sample's score; `shared/reference/skill0_released_code.md` §4.4).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -61,3 +62,15 @@ def step_scores(result: RolloutResult, invalid_penalty: float = 0.0,
         step_rewards=np.array([s.reward for s in samples], np.float64) - penalty,
         group_ids=[s.group for s in samples], traj_ids=episodes.tolist(),
         step_index=[s.step for s in samples], anchors=[s.anchor for s in samples])
+
+
+def reuse_step(reuse: SegmentationCost, env_name: str, res) -> tuple[list, dict]:
+    """ReuseRL's E-step on a batch (a dictionary from its successes' skill sequences and the
+    buffer), then the reward terms to score it with (none in mode "none") and `reuse_*` metrics."""
+    t0 = time.perf_counter()
+    m = reuse.update([projection.project(env_name, t.actions, t.task)
+                      for t in res.trajectories if t.won])
+    m = {f"reuse_{k}": v for k, v in m.items()}
+    m["reuse_extract_s"] = time.perf_counter() - t0
+    terms = [segmentation_term(reuse, env_name)] if reuse.config.mode != "none" else []
+    return terms, m

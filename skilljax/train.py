@@ -37,9 +37,8 @@ from skilljax.rl.checkpoint import Checkpointer, RunState
 from skilljax.rl import batch as batch_lib
 from skilljax.rl.rollout import merge, rollout
 from skilljax.rl.task_stream import TaskStream
-from skilljax.skills import projection
-from skilljax.skills.curriculum import Curriculum
 from skilljax.skills.segmentation import SegmentationCost
+from skilljax.skills.curriculum import Curriculum
 
 
 class _NoMetrics:
@@ -129,7 +128,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         metrics.write(0, dict(m, optimizer_steps=0, episodes=0, episodes_local=0))
         print("step 0:" + _val_line(m), flush=True)
         save(0)
-    rcfg = run.rollout_config(evaluation=False)
+    rcfg, adv_cfg = run.rollout_config(evaluation=False), advantage_config(c)
     stream = TaskStream(len(run.train_tasks), c.rl.tasks_per_step, c.seed)
     if state.task_stream or state.step:  # (checkpoints older than the stream: its position)
         stream.set_state(state.task_stream or {"next_index": state.step})
@@ -147,8 +146,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                         fmt=run.fmt,
                         skill_context=curriculum.contexts() if curriculum is not None else {})
         res = merge(distributed.allgather_objects(local))
-        terms, m = reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
-        adv = advantages(c, res, terms)
+        terms, m = rewards.reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
+        # One advantage per step sample (`rl.advantage`: grpo / drgrpo / rloo over each task's
+        # group, or gigpo), from the trajectory and step scores; see `losses.advantages`.
+        adv = losses.advantages(c.rl.advantage, rewards.step_scores(res, c.rl.invalid_penalty, terms),
+                                adv_cfg)
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
         m.update(res.stats)
@@ -205,26 +207,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         from skilljax import plots
         plots.write_all(workdir)
     return summary
-
-
-def reuse_step(reuse: SegmentationCost, env_name: str, res) -> tuple[list, dict]:
-    """ReuseRL's E-step on a batch (a dictionary from its successes' skill sequences and the
-    buffer), then the reward terms to score it with (none in mode "none") and `reuse_*` metrics."""
-    t0 = time.perf_counter()
-    m = reuse.update([projection.project(env_name, t.actions, t.task)
-                      for t in res.trajectories if t.won])
-    m = {f"reuse_{k}": v for k, v in m.items()}
-    m["reuse_extract_s"] = time.perf_counter() - t0
-    terms = [rewards.segmentation_term(reuse, env_name)] if reuse.config.mode != "none" else []
-    return terms, m
-
-
-def advantages(c, res, terms) -> np.ndarray:
-    """One advantage per step sample by `rl.advantage` (grpo / drgrpo / rloo over each task's
-    group, or gigpo: episode advantage + step advantage within identical env states of a group);
-    see `losses.advantages`."""
-    return losses.advantages(c.rl.advantage, rewards.step_scores(res, c.rl.invalid_penalty, terms),
-                             advantage_config(c))
 
 
 def curriculum_update(run: Run, curriculum: Curriculum, step: int, rng) -> dict:

@@ -9,7 +9,6 @@ import pytest
 
 from skilljax import config as config_lib
 from skilljax import experiment
-from skilljax import train as train_lib
 from skilljax.rl import warm_start
 from skilljax.tokenizer import Tokenizer
 from tests.conftest import ROOT, run_module
@@ -298,7 +297,7 @@ def test_reuse_step_on_expert_episodes():
     cost = SegmentationCost(SegmentationConfig(mode="segcost", horizon=10, max_phrase_len=3,
                                                alphabet=("explore", "open", "take", "process",
                                                          "put")))
-    terms, m = train_lib.reuse_step(cost, "chores", res)
+    terms, m = rewards.reuse_step(cost, "chores", res)
     assert m["reuse_corpus"] == m["reuse_buffer"] == 16 and m["reuse_dict_size"] > 0
     assert 0 < m["reuse_seg_ratio"] < 1 and m["reuse_top_phrases"]
     plain = rewards.trajectory_rewards(res)
@@ -306,9 +305,9 @@ def test_reuse_step_on_expert_episodes():
     assert np.all(shaped < plain) and np.all(shaped > plain - 10)
     # The pure round-length arm charges every step: never less than the segmentation cost.
     length = SegmentationCost(SegmentationConfig(mode="length", horizon=10))
-    assert np.all(rewards.trajectory_rewards(res, train_lib.reuse_step(length, "chores", res)[0])
+    assert np.all(rewards.trajectory_rewards(res, rewards.reuse_step(length, "chores", res)[0])
                   <= shaped)
-    assert train_lib.reuse_step(SegmentationCost(SegmentationConfig(mode="none")), "chores",
+    assert rewards.reuse_step(SegmentationCost(SegmentationConfig(mode="none")), "chores",
                                 res)[0] == []
 
 
