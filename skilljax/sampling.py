@@ -314,7 +314,7 @@ class Sampler:
                              f"of shape {rng.shape}.")
         else:
             keys = rng
-        key_data = np.asarray(jax.random.key_data(keys)).reshape(len(token_ids), -1)
+        key_data = np.asarray(jax.random.key_data(keys))  # [rows, key words]
         if distributed.count() == 1:
             return self._generate(token_ids, key_data, params)
         parts = distributed.allgather_objects((token_ids, key_data))

@@ -169,7 +169,9 @@ def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool):
     whole = rollout(sampler, tok, pool, tasks, cfg, key, seeds=seeds)
     shares = [rollout(sampler, tok, pool, [tasks[i] for i in ids], cfg, key,
                       seeds=[seeds[i] for i in ids], group_ids=ids) for ids in ([1], [0, 2])]
-    merged = merge(shares)  # interleaved shares, as the task stream deals them
+    empty = rollout(sampler, tok, pool, [], cfg, key, seeds=[], group_ids=[])
+    assert not empty.trajectories and not empty.samples  # a process with no share this time
+    merged = merge([shares[0], empty, shares[1]])  # interleaved shares, as the task stream deals them
     assert [t.group for t in merged.trajectories] == [0, 0, 1, 1, 2, 2]
     assert [(t.task.id, t.seed, t.actions) for t in merged.trajectories] == \
         [(t.task.id, t.seed, t.actions) for t in whole.trajectories]
