@@ -1,8 +1,9 @@
 """Multi-process runs: one process per host (TPU pod slices, multi-node GPU), started alike.
 
 Every process runs the same host loop. Rollouts are split: each process plays its share of the
-task groups (`shard`, contiguous blocks of groups; a group never spans processes) in its own env
-pool. Generation is one collective call per turn: the processes' prompts are gathered and sampled
+task groups in its own env pool (a group never spans processes): in training, groups p, p + P, ...
+of every step (`skilljax.rl.task_stream`); in validation and evaluation, a contiguous block of the
+tasks (`shard`). Generation is one collective call per turn: the processes' prompts are gathered and sampled
 as one global batch on the global mesh, each process keeps its own rows. Results that the host
 logic needs whole (trajectories for metrics and curriculum, step samples for the learner batch) are
 all-gathered as Python objects (`allgather_objects`), so advantages, the curriculum, ReuseRL's
@@ -84,6 +85,10 @@ def to_host(x) -> np.ndarray:
 
 def count() -> int:
     return jax.process_count()
+
+
+def index() -> int:
+    return jax.process_index()
 
 
 def shard(n: int) -> range:

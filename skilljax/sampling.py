@@ -296,37 +296,47 @@ class Sampler:
 
     def generate(self, token_ids: Sequence[Sequence[int]], params: SamplingParams,
                  rng: jax.Array) -> SampleOutput:
-        """Generate for each prompt. `rng`: one key (row i samples from `fold_in(rng, i)`) or one
-        key per prompt (shape [len(token_ids)]). Collective in a multi-process run (module doc)."""
-        if params.top_k > self.max_top_k:
-            raise ValueError(f"top_k={params.top_k} exceeds this Sampler's max_top_k="
-                             f"{self.max_top_k}; construct Sampler(..., max_top_k=...).")
-        vocab = self.model.cfg.vocab_size
-        if (not token_ids and distributed.count() == 1) or any(len(t) == 0 for t in token_ids):
-            raise ValueError("Every prompt needs at least one token.")
-        if any(min(t) < 0 or max(t) >= vocab for t in token_ids):
-            raise ValueError(f"Prompt token ids must lie in [0, {vocab}).")
+        """Generate for each prompt. `rng`: one key (row i of the whole batch, all processes' prompts
+        in process order, samples from `fold_in(rng, i)`) or one key per prompt (shape
+        [len(token_ids)]). Collective in a multi-process run (module doc): every process calls it,
+        possibly with no prompts, and bad requests raise on every process alike."""
         token_ids = [list(t) for t in token_ids]
-        if rng.ndim == 0:
-            keys = jax.vmap(jax.random.fold_in, (None, 0))(rng, jnp.arange(len(token_ids)))
-        elif rng.shape != (len(token_ids),):
+        if rng.ndim not in (0, 1) or (rng.ndim == 1 and rng.shape != (len(token_ids),)):
             raise ValueError(f"rng: one key, or one key per prompt ({len(token_ids)}), got keys "
                              f"of shape {rng.shape}.")
-        else:
-            keys = rng
+        multi = distributed.count() > 1
+        start = 0
+        if rng.ndim == 0 and multi:  # this process's rows' positions in the whole batch
+            counts = distributed.allgather_objects(len(token_ids))
+            start = sum(counts[:distributed.index()])
+        keys = (jax.vmap(jax.random.fold_in, (None, 0))(rng, start + jnp.arange(len(token_ids)))
+                if rng.ndim == 0 else rng)
         key_data = np.asarray(jax.random.key_data(keys))  # [rows, key words]
-        if distributed.count() == 1:
-            return self._generate(token_ids, key_data, params)
-        parts = distributed.allgather_objects((token_ids, key_data))
-        start = sum(len(p[0]) for p in parts[:jax.process_index()])
-        if not any(p[0] for p in parts):
-            raise ValueError("Every prompt needs at least one token (no process has a prompt).")
-        out = self._generate(distributed.concat(p[0] for p in parts),
-                             np.concatenate([p[1] for p in parts]), params)
+        if multi:
+            parts = distributed.allgather_objects((token_ids, key_data))
+            start = sum(len(p[0]) for p in parts[:distributed.index()])
+            all_ids, key_data = (distributed.concat(p[0] for p in parts),
+                                 np.concatenate([p[1] for p in parts]))
+        else:
+            all_ids = token_ids
+        self._check(all_ids, params)  # the whole batch: every process raises alike
+        out = self._generate(all_ids, key_data, params)
+        if not multi:
+            return out
         rows = slice(start, start + len(token_ids))
         return SampleOutput(out.token_ids[rows], out.logprobs[rows], out.lengths[rows],
                             out.finish_reasons[rows], out.sampling_logprobs[rows]
                             if out.sampling_logprobs is not None else None)
+
+    def _check(self, token_ids: list[list[int]], params: SamplingParams) -> None:
+        if params.top_k > self.max_top_k:
+            raise ValueError(f"top_k={params.top_k} exceeds this Sampler's max_top_k="
+                             f"{self.max_top_k}; construct Sampler(..., max_top_k=...).")
+        vocab = self.model.cfg.vocab_size
+        if not token_ids or any(len(t) == 0 for t in token_ids):
+            raise ValueError("Every prompt needs at least one token.")
+        if any(min(t) < 0 or max(t) >= vocab for t in token_ids):
+            raise ValueError(f"Prompt token ids must lie in [0, {vocab}).")
 
     def _generate(self, token_ids: list[list[int]], key_data: np.ndarray,
                   params: SamplingParams) -> SampleOutput:

@@ -155,6 +155,38 @@ def test_a_row_samples_the_same_whatever_shares_its_batch(checkpoints):
         sampler.generate(PROMPTS, params, keys[:2])
 
 
+def test_collective_generate_as_process_one_of_two(checkpoints, monkeypatch):
+    """`generate` in a two-process run, seen from process 1 (process 0's share faked): it samples
+    the whole batch and keeps its rows; with no prompts of its own it still takes part; a bad
+    prompt on either process raises on both (no process is left waiting in a collective)."""
+    from skilljax import distributed
+    _, model = models.load(checkpoints["qwen3"][0])
+    sampler = Sampler(model)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    keys = jax.random.split(jax.random.key(11), len(PROMPTS))
+    whole = sampler.generate(PROMPTS, params, keys)
+    other = {"ids": PROMPTS[:2], "keys": np.asarray(jax.random.key_data(keys[:2]))}
+
+    def gather(obj):  # process 0's object first, then this process's
+        return [len(other["ids"]) if isinstance(obj, int) else (other["ids"], other["keys"]), obj]
+
+    monkeypatch.setattr(distributed, "count", lambda: 2)
+    monkeypatch.setattr(distributed, "index", lambda: 1)
+    monkeypatch.setattr(distributed, "allgather_objects", gather)
+    mine = sampler.generate(PROMPTS[2:], params, keys[2:])
+    assert mine.token_ids == whole.token_ids[2:]
+    none = sampler.generate([], params, jax.random.split(jax.random.key(0), 0))
+    assert none.token_ids == [] and len(none.lengths) == 0
+    one_key = sampler.generate(PROMPTS[2:], params, jax.random.key(5))  # rows 2, 3 of the batch
+    alone = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.key(5), np.arange(4))
+    monkeypatch.setattr(distributed, "count", lambda: 1)
+    assert one_key.token_ids == sampler.generate(PROMPTS, params, alone).token_ids[2:]
+    monkeypatch.setattr(distributed, "count", lambda: 2)
+    other["ids"] = [[1, 10**6]]
+    with pytest.raises(ValueError, match="Prompt token ids must lie"):
+        sampler.generate(PROMPTS[2:], params, keys[2:])
+
+
 def test_no_recompile_within_a_bucket(checkpoints, monkeypatch):
     chex.clear_trace_counter()
     monkeypatch.setattr(sampling, "_decode", chex.assert_max_traces(sampling._decode, n=1))

@@ -43,3 +43,13 @@ def test_state_resumes_where_it_stopped():
 def test_groups_that_cannot_be_split_evenly_are_an_error():
     with pytest.raises(ValueError, match="tasks_per_step=5 .* over 2 processes"):
         TaskStream(10, 5, seed=0, process_index=0, process_count=2)
+    with pytest.raises(ValueError, match="exceeds the 3 training tasks"):
+        TaskStream(3, 4, seed=0, process_index=0, process_count=1)
+
+
+def test_neighbouring_seeds_do_not_share_epochs():
+    a = [t for s in steps(TaskStream(8, 4, seed=0, process_index=0, process_count=1), 4)
+         for t in s.tasks]
+    b = [t for s in steps(TaskStream(8, 4, seed=1, process_index=0, process_count=1), 2)
+         for t in s.tasks]
+    assert a[8:] != b  # seed 0's second epoch is not seed 1's first
