@@ -1,8 +1,8 @@
 """Step samples → the learner's batch: the one place rows are padded, windowed and placed.
 
-`collate` pads every row once, to one bucket policy (`sampling.bucket_length` of the longest
-sample: 2^k and 1.5·2^k, so a run compiles a handful of lengths); the learner and the warm start
-take its arrays as they are. `response_window` is computed on the host from the loss mask: the
+`collate` pads every row once: RL batches to `sampling.bucket_length` of the longest sample (2^k
+and 1.5·2^k, so a run compiles a handful of lengths); the learner takes its arrays as they are.
+(The warm start rounds to a multiple of 32 instead, see `sft.LENGTH_MULTIPLE`.) `response_window` is computed on the host from the loss mask: the
 static window over which the learner projects to the vocabulary. `place` puts a (mini-)batch on
 the mesh sharded over the batch axes (rows over `data` × `fsdp`), each process supplying only its
 own devices' rows (`distributed.put_rows`, i.e. `jax.make_array_from_process_local_data`).
@@ -37,13 +37,13 @@ class Batch(NamedTuple):
 
 
 def collate(samples: Sequence, advantages: Sequence[float], pad_id: int,
-            length: int | None = None) -> Batch:
+            length: int | None = None, multiple: int | None = None) -> Batch:
     """Step samples → right-padded host arrays (prompt then response per row), `length` tokens
-    long or the longest sample's `bucket_length`."""
+    long, else the longest sample rounded up to a `multiple`, else its `bucket_length` (RL)."""
     if not samples:
         raise ValueError("collate needs at least one step sample.")
     longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    t = length or bucket_length(longest)
+    t = length or (-(-longest // multiple) * multiple if multiple else bucket_length(longest))
     b = len(samples)
     tokens = np.full((b, t), pad_id, np.int32)
     loss_mask = np.zeros((b, t), np.float32)

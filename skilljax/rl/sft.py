@@ -74,8 +74,15 @@ def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, a
 _eval_nll = nnx.jit(response_nll, static_argnums=(4,))
 
 
+# Warm-start rows are padded to a multiple of this many tokens, not to the RL length buckets:
+# thousands of steps over many lengths waste less on padding for a few more compiled shapes, and
+# the CPU experiment's warm start (whose jump off its plateau is chaotic in float32, see
+# docs/results.md) keeps the computation its recorded runs had.
+LENGTH_MULTIPLE = 32
+
+
 def _batch(samples: Sequence[StepSample], pad_id: int):
-    a = batch_lib.collate(samples, np.zeros(len(samples)), pad_id)
+    a = batch_lib.collate(samples, np.zeros(len(samples)), pad_id, multiple=LENGTH_MULTIPLE)
     return a.tokens_BT, a.loss_mask_BT, a.attn_mask_BT
 
 
