@@ -51,7 +51,7 @@ PYEOF
 cmd=${1:-main}
 shift || true
 case "$cmd" in
-  main)  # the default SKILL0 experiment (configs/default.py, 16-20 min on 2 CPU cores)
+  main)  # the default SKILL0 experiment (configs/default.py, 12-16 min on 2 CPU cores)
     setup
     exec "$VENV/bin/python" -m skilljax.train --config configs/default.py \
       --workdir "${WORKDIR:-runs/default}" "$@" ;;
