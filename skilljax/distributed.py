@@ -3,8 +3,8 @@
 Every process runs the same host loop. Rollouts are split: each process plays its share of the
 task groups in its own env pool (a group never spans processes): in training, groups p, p + P, ...
 of every step (`skilljax.rl.task_stream`); in validation and evaluation, a contiguous block of the
-tasks (`shard`). Generation is one collective call per turn: the processes' prompts are gathered and sampled
-as one global batch on the global mesh, each process keeps its own rows. Results that the host
+tasks (`shard`). Generation is one collective call per turn: the processes' prompts are gathered
+and sampled as one global batch on the global mesh, each process keeps its own rows. Results that the host
 logic needs whole (trajectories for metrics and curriculum, step samples for the learner batch) are
 all-gathered as Python objects (`allgather_objects`), so advantages, the curriculum, ReuseRL's
 dictionary and the learner's mini-batches are identical on every process and identical to a
@@ -94,7 +94,7 @@ def index() -> int:
 def shard(n: int) -> range:
     """This process's contiguous share of `n` items (task groups): process p of P gets
     range(n * p // P, n * (p + 1) // P), so the shares cover 0..n-1 in process order."""
-    p, k = jax.process_index(), jax.process_count()
+    p, k = index(), count()
     return range(n * p // k, n * (p + 1) // k)
 
 

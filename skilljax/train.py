@@ -31,14 +31,14 @@ from skilljax.evaluate import evaluate_run
 from skilljax.experiment import (Keys, Run, advantage_config, build_run, curriculum_config,
                                  learner_config, reuse_config, warm_start_cache)
 from skilljax.metrics import MetricsWriter
+from skilljax.rl import batch as batch_lib
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, warm_start
 from skilljax.rl.checkpoint import Checkpointer, RunState
-from skilljax.rl import batch as batch_lib
 from skilljax.rl.rollout import merge, rollout
 from skilljax.rl.task_stream import TaskStream
-from skilljax.skills.segmentation import SegmentationCost
 from skilljax.skills.curriculum import Curriculum
+from skilljax.skills.segmentation import SegmentationCost
 
 
 class _NoMetrics:
@@ -134,9 +134,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         stream.set_state(state.task_stream or {"next_index": state.step})
     for step in range(state.step + 1, c.rl.steps + 1):
         t0 = time.time()
-        # Tasks of this step: a deterministic function of (seed, step), so a resumed run sees
-        # the same data as an uninterrupted one.
-        share = next(stream)  # this process's task groups of this step (`rl.task_stream`)
+        # This process's task groups of this step; the stream's position is in every checkpoint,
+        # so a resumed run reads the tasks an uninterrupted one would.
+        share = next(stream)
         active = list(curriculum.active) if curriculum is not None else []
         distributed.check_same("the step and active skills", (step, active))
         # The processes' shares are gathered, so what follows is the same on every process (and
