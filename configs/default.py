@@ -43,7 +43,10 @@ def get_config(arg=None):
 
     c.env.update(name="chores", workers=2, timeout_s=60.0, train_tasks=600)
     c.tokenizer.update(vocab_size=1024, corpus_tasks=300)
-    c.model.checkpoint, c.model.dtype = "tiny", "float32"
+    # float32 throughout, layers unrolled, no remat: the computation of the recorded runs (a tiny
+    # model needs none of the accelerator settings; the warm start is sensitive to rounding).
+    c.model.update(checkpoint="tiny", dtype="float32", remat="none", scan_layers=False)
+    c.sampler.max_batch = 0
     c.model.overrides.update(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
                              num_kv_heads=4, head_dim=32)
     # Prompts as the tiny policy reads them: Markov observations, no history, no admissible list.

@@ -27,8 +27,7 @@ OPEN = ("env.kwargs", "env.task_options", "sft.task_options")
 _MODEL_FIELDS = dict(vocab_size=int, embed_dim=int, mlp_dim=int, num_layers=int, num_heads=int,
                      num_kv_heads=int, head_dim=int, model_type=str, rope_theta=float,
                      rms_norm_eps=float, tie_embeddings=bool, qkv_bias=bool, out_bias=bool,
-                     qk_norm=bool, max_position_embeddings=int, initializer_range=float,
-                     remat=bool)
+                     qk_norm=bool, max_position_embeddings=int, initializer_range=float)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -55,8 +54,16 @@ def base_config() -> ml_collections.ConfigDict:
     )
     c.model = dict(
         checkpoint="",                # HF directory, or a preset name ("tiny") for a random init
-        dtype="bfloat16",             # compute and parameter dtype
+        dtype="bfloat16",             # compute dtype (every matmul)
+        param_dtype="float32",        # parameter storage: float32 master weights (AdamW follows)
+        remat="full",                 # kept for the backward pass per layer: none, full or dots
+        scan_layers=True,             # one lax.scan over the layers (compile time flat in depth)
+        lora=dict(rank=0, alpha=16.0,  # rank > 0: train only low-rank adapters on `targets`
+                  targets=("q", "k", "v", "o", "gate", "up", "down")),
         overrides={k: placeholder(t) for k, t in _MODEL_FIELDS.items()},  # QwenConfig fields
+    )
+    c.sampler = dict(
+        max_batch=128,                # rows per generate chunk (bounds the KV cache); 0 = all
     )
     c.prompt = dict(
         role="",                      # first line of every prompt ("" = none)
@@ -297,12 +304,23 @@ def workdir_config(workdir, overrides: list[str] | None = None) -> ml_collection
                                 f"pass --config configs/x.py[:arg] (the config it was trained "
                                 f"with).")
     try:
-        config = merge(base_config(), json.loads(path.read_text()))
+        config = merge(base_config(), _migrate(json.loads(path.read_text())))
     except KeyError as e:
         raise KeyError(f"{path} has a key this version of the schema does not know ({e}); pass "
                        f"--config configs/x.py[:arg], the config the run was trained with.") from e
     apply_overrides(config, overrides or [])
     return config
+
+
+def _migrate(values: dict) -> dict:
+    """A config.json written by an older version, in today's keys."""
+    model = values.get("model", {})
+    remat = model.get("overrides", {}).pop("remat", None)
+    if remat is not None:  # model.overrides.remat (bool) became model.remat (a policy)
+        model["remat"] = "full" if remat else "none"
+    if model and "param_dtype" not in model:  # dtype used to set the storage too
+        model["param_dtype"] = model.get("dtype", "float32")
+    return values
 
 
 def config_files(root: str | os.PathLike | None = None) -> list[str]:

@@ -134,6 +134,10 @@ def build_model(c, tok: Tokenizer, mesh=None):
     overrides = {k: v for k, v in dict(c.model.overrides).items() if v is not None}
     if not Path(c.model.checkpoint).is_dir():
         overrides.setdefault("vocab_size", tok.vocab_size)
+    lora = c.model.lora
+    overrides.update(param_dtype=c.model.param_dtype, remat=c.model.remat,
+                     scan_layers=c.model.scan_layers, lora_rank=lora.rank, lora_alpha=lora.alpha,
+                     lora_targets=tuple(lora.targets))
     _, model = models.load(c.model.checkpoint, mesh, c.model.dtype, seed=c.seed, **overrides)
     if model.cfg.vocab_size < tok.vocab_size:
         raise ValueError(f"The model's vocabulary ({model.cfg.vocab_size}) is smaller than the "
@@ -200,8 +204,8 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
     except BaseException:
         pool.close()
         raise
-    return Run(c, workdir, pool, bank, tok, model, Sampler(model, pad_id=tok.pad_id), fmt,
-               train_tasks, val_tasks, test_tasks)
+    sampler = Sampler(model, pad_id=tok.pad_id, max_batch=c.sampler.max_batch or None)
+    return Run(c, workdir, pool, bank, tok, model, sampler, fmt, train_tasks, val_tasks, test_tasks)
 
 
 # ---------------------------------------------------------------------------- randomness

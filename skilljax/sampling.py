@@ -4,7 +4,15 @@ Prompts are left-padded to a bucketed length P; generated token i is written at 
 every row, while each row's RoPE position continues from its own prompt length. Batch size, prompt
 length and generation length are rounded up to buckets, so a training run compiles a handful of
 shapes. Temperature, top-p, top-k, stop ids and the exact max_new_tokens are traced values: changing
-them never recompiles. The KV cache is preallocated per shape and donated through both calls.
+them never recompiles.
+
+Memory: the sampler holds one KV cache, donated through prefill and decode and reused by the next
+call of the same shape; a call with another shape frees it before allocating its own, so device
+memory does not grow with the number of shapes seen. With `max_batch`, larger batches run in
+chunks of at most that many rows (one shape for all chunks). Sampling runs on an inference copy of
+the weights made once per `generate`: LoRA adapters folded in, cast to the compute dtype, and, when
+the training layout shards weights over `fsdp`, gathered into the tensor-parallel layout (`tp`), so
+the decode loop moves no weights between devices (`decode_collectives` counts what it does move).
 
 Returned `logprobs` are log-softmax of the raw logits (the policy itself, temperature 1, no
 truncation) at the sampled tokens: the "old logprobs" of GRPO. `sampling_logprobs` (optional) are
@@ -23,6 +31,7 @@ global mesh, and each process gets its own rows back.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -200,7 +209,7 @@ class _DecodeState(NamedTuple):
 
 def _prefill(graphdef, state, cache, tokens_BP, mask_BP):
     model = nnx.merge(graphdef, state)
-    p, s = tokens_BP.shape[1], cache[0].k_BKSH.shape[2]
+    p, s = tokens_BP.shape[1], cache.k_LBKSH.shape[3]
     positions_BP = qwen.positions_from_mask(mask_BP)
     valid_BS = jnp.zeros((tokens_BP.shape[0], s), bool).at[:, :p].set(mask_BP.astype(bool))
     causal_PS = jnp.arange(s)[None, :] <= jnp.arange(p)[:, None]
@@ -214,7 +223,7 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, kno
     model = nnx.merge(graphdef, state)
     keys_B = jax.random.wrap_key_data(key_data_B2)
     b, p = mask_BP.shape
-    s = cache[0].k_BKSH.shape[2]
+    s = cache.k_LBKSH.shape[3]
     prompt_len_B = jnp.sum(mask_BP, axis=-1).astype(jnp.int32)
     prompt_valid_BS = jnp.zeros((b, s), bool).at[:, :p].set(mask_BP.astype(bool))
 
@@ -247,23 +256,72 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, kno
     return st.cache, st.tokens_BN, st.logp_BN, st.sampling_logp_BN, st.length_B, st.stopped_B
 
 
+def inference_layout(layout: shd.Layout | None) -> shd.Layout | None:
+    """Where the sampler's weights live: the training layout, except that weights sharded over a
+    `fsdp` axis are gathered into the tensor-parallel layout (batch still split over data × fsdp),
+    so decoding does not gather every weight at every token."""
+    if layout is None or layout.mesh.shape["fsdp"] == 1 or layout.name == "tp":
+        return layout
+    return shd.Layout(layout.mesh, "tp")
+
+
 class Sampler:
     """Generates for a batch of token-id prompts with the current weights of `model`.
 
     The model is read at every call, so a learner that updates it in place is sampled from as is.
+    `max_batch`: rows per chunk (None: the whole batch at once). `gather_weights=False` keeps the
+    training layout for decoding (for measurements).
     """
 
     def __init__(self, model: qwen.Qwen, *, pad_id: int = 0, max_top_k: int = 64,
-                 cache_dtype=None):
+                 cache_dtype=None, max_batch: int | None = None, gather_weights: bool = True):
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}.")
         self.model = model
-        self.graphdef = nnx.graphdef(model)
-        self.layout: shd.Layout | None = model.layout
         self.pad_id, self.max_top_k = pad_id, max_top_k
-        self.cache_dtype = cache_dtype
-        self._caches: dict[tuple[int, int], list] = {}
+        self.cache_dtype, self.max_batch = cache_dtype, max_batch
+        cfg = model.cfg
+        self.layout = inference_layout(model.layout) if gather_weights else model.layout
+        self.cfg = cfg.replace(lora_rank=0, param_dtype=cfg.dtype)
+        self._converts = (cfg.lora_rank > 0 or cfg.param_dtype != cfg.dtype
+                          or self.layout != model.layout)
+        self.graphdef, abstract = nnx.split(qwen.abstract_model(self.cfg, self.layout))
+        if self._converts:
+            shardings = (None if self.layout is None
+                         else shd.state_shardings(abstract, self.layout).to_pure_dict())
+            train_graphdef = nnx.graphdef(model)
+            self._convert = jax.jit(
+                lambda state: qwen.merged_state(nnx.merge(train_graphdef, state),
+                                                qwen.DTYPES[cfg.dtype]),
+                out_shardings=shardings)
+        self._cache: tuple[tuple[int, int], qwen.LayerCache] | None = None
         self._prefill = jax.jit(_prefill, static_argnums=0, donate_argnums=2)
         self._decode = jax.jit(_decode, static_argnums=(0, 8, 9), donate_argnums=2)
         self.last_timing: dict[str, float] = {}
+
+    def inference_state(self):
+        """The weights sampled from, in the inference layout and compute dtype (module doc)."""
+        if not self._converts:
+            return nnx.state(self.model)
+        return self._convert(nnx.state(self.model))
+
+    def _take_cache(self, b: int, s: int) -> qwen.LayerCache:
+        """The held cache when it has this shape; otherwise it is freed and a new one made."""
+        held, self._cache = self._cache, None
+        if held is not None and held[0] == (b, s):
+            return held[1]
+        if held is not None:
+            for a in held[1]:
+                a.delete()
+        del held
+        return qwen.init_cache(self.cfg, self.layout, b, s, self.cache_dtype)
+
+    def release(self) -> None:
+        """Free the held KV cache now (the next call allocates one)."""
+        if self._cache is not None:
+            for a in self._cache[1]:
+                a.delete()
+        self._cache = None
 
     def _batch_bucket(self, b: int) -> int:
         n = bucket_length(b, minimum=1)
@@ -277,10 +335,12 @@ class Sampler:
             return jnp.asarray(x)
         return distributed.put_rows(x, self.layout.sharding(x.shape, axes))
 
-    def prepare(self, token_ids: Sequence[Sequence[int]], max_new_tokens: int):
-        """Left-padded bucketed batch: (tokens_BP, mask_BP, cache length, generation bucket)."""
-        b = self._batch_bucket(len(token_ids))
-        p = bucket_length(max(len(t) for t in token_ids))
+    def prepare(self, token_ids: Sequence[Sequence[int]], max_new_tokens: int, *,
+                batch: int | None = None, prompt_len: int | None = None):
+        """Left-padded bucketed batch: (tokens_BP, mask_BP, cache length, generation bucket).
+        `batch` / `prompt_len`: at least this many rows / prompt positions (chunks share a shape)."""
+        b = self._batch_bucket(max(len(token_ids), batch or 0))
+        p = bucket_length(max(max(len(t) for t in token_ids), prompt_len or 0))
         n = bucket_length(max_new_tokens)
         max_pos = self.model.cfg.max_position_embeddings
         if max(len(t) for t in token_ids) + max_new_tokens > max_pos:
@@ -340,16 +400,37 @@ class Sampler:
 
     def _generate(self, token_ids: list[list[int]], key_data: np.ndarray,
                   params: SamplingParams) -> SampleOutput:
-        tokens, mask, s, n = self.prepare(token_ids, params.max_new_tokens)
+        rows = len(token_ids)
+        chunks = -(-rows // (self.max_batch or rows))
+        size = -(-rows // chunks)
+        prompt_len = max(len(t) for t in token_ids)
+        state = self.inference_state()
+        outs, timing = [], {}
+        for lo in range(0, rows, size):
+            out = self._chunk(state, token_ids[lo:lo + size], key_data[lo:lo + size], params,
+                              size, prompt_len)
+            outs.append(out)
+            for k, v in self.last_timing.items():
+                timing[k] = timing.get(k, 0) + v
+        del state
+        self.last_timing = timing
+        if len(outs) == 1:
+            return outs[0]
+        cat = lambda name: [x for o in outs for x in getattr(o, name)]
+        return SampleOutput(cat("token_ids"), cat("logprobs"),
+                            np.concatenate([o.lengths for o in outs]), cat("finish_reasons"),
+                            cat("sampling_logprobs") if params.return_sampling_logprobs else None)
+
+    def _chunk(self, state, token_ids: list[list[int]], key_data: np.ndarray,
+               params: SamplingParams, batch: int, prompt_len: int) -> SampleOutput:
+        tokens, mask, s, n = self.prepare(token_ids, params.max_new_tokens, batch=batch,
+                                          prompt_len=prompt_len)
         b = tokens.shape[0]
-        cache = self._caches.pop((b, s), None)
-        if cache is None:
-            cache = self.model.init_cache(b, s, self.cache_dtype)
+        cache = self._take_cache(b, s)
         stop = np.full(MAX_STOP_IDS, -1, np.int32)
         stop[:len(params.stop_token_ids)] = params.stop_token_ids
         knobs = _Knobs(jnp.float32(params.temperature), jnp.float32(params.top_p),
                        jnp.int32(params.top_k), jnp.asarray(stop), jnp.int32(params.max_new_tokens))
-        state = nnx.state(self.model)
         tokens_d = self._put(tokens, ("batch", "seq"))
         mask_d = self._put(mask, ("batch", "seq"))
         real_d = self._put(np.arange(b) < len(token_ids), ("batch",))
@@ -366,7 +447,7 @@ class Sampler:
         out_tokens, logp, slogp, lengths, stopped = (
             to_host(a) for a in (out_tokens, logp, slogp, lengths, stopped))
         t2 = time.perf_counter()
-        self._caches[(b, s)] = cache
+        self._cache = ((b, s), cache)
         self.last_timing = {"prefill_s": t1 - t0, "decode_s": t2 - t1,
                             "prefill_tokens": int(mask[:len(token_ids)].sum()),
                             "decode_tokens": int(lengths[:len(token_ids)].sum())}
@@ -381,3 +462,46 @@ class Sampler:
                                if params.return_sampling_logprobs else None),
         )
 
+    def decode_collectives(self, batch: int, prompt_len: int, max_new_tokens: int) -> dict[str, int]:
+        """Collective ops (all-gather, all-reduce, ...) in the compiled decode loop at this shape:
+        what decoding moves between devices at every token."""
+        b, p, n = self._batch_bucket(batch), bucket_length(prompt_len), bucket_length(max_new_tokens)
+        lowered = self._decode.lower(self.graphdef, *self._decode_abstract(b, p, n), n, self.max_top_k)
+        return count_collectives(lowered.compile().as_text())
+
+    def _decode_abstract(self, b: int, p: int, n: int):
+        """Abstract arguments of `_decode` (after graphdef) at batch b, prompt p, generation n."""
+        _, abstract = nnx.split(qwen.abstract_model(self.cfg, self.layout))
+        state = jax.tree.map(lambda v: v, abstract.to_pure_dict())
+        if self.layout is not None:
+            shardings = shd.state_shardings(abstract, self.layout).to_pure_dict()
+            state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                 state, shardings)
+        cache = jax.eval_shape(lambda: qwen.init_cache(self.cfg, self.layout, b, p + n,
+                                                       self.cache_dtype))
+        if self.layout is not None:
+            axes = ("layers", "batch", "act_kv_heads", "seq", "head_dim")
+            cache = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+                a.shape, a.dtype, sharding=self.layout.sharding(a.shape, axes)), cache)
+
+        def arr(shape, dtype, axes):
+            sharding = None if self.layout is None else self.layout.sharding(shape, axes)
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+        v = self.cfg.vocab_size
+        key_words = jax.random.key_data(jax.random.key(0)).shape[-1]
+        knobs = _Knobs(*(jax.ShapeDtypeStruct((), d) for d in
+                         (jnp.float32, jnp.float32, jnp.int32)),
+                       jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32),
+                       jax.ShapeDtypeStruct((), jnp.int32))
+        return (state, cache, arr((b, v), jnp.float32, ("batch", "act_vocab")),
+                arr((b, p), jnp.int32, ("batch", "seq")), arr((b,), jnp.bool_, ("batch",)),
+                arr((b, key_words), jnp.uint32, ("batch", None)), knobs)
+
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def count_collectives(hlo_text: str) -> dict[str, int]:
+    """Collective instructions in compiled HLO text, by kind (async start/done pairs count once)."""
+    return {kind: len(re.findall(rf"(?<![\w.-]){kind}(?:-start)?\(", hlo_text))
+            for kind in COLLECTIVES}

@@ -1,7 +1,7 @@
 """Device mesh and THE logical-axis → mesh-axis rules table.
 
 Model code names only logical axes. Parameters use `vocab, embed, heads, kv_heads, head_dim, mlp,
-norm`; activations use `batch, seq, act_embed, act_heads, act_kv_heads, act_mlp, act_vocab` (they
+norm, layers, lora`; activations use `batch, seq, act_embed, act_heads, act_kv_heads, act_mlp, act_vocab` (they
 differ from the parameter names because FSDP shards a weight's `embed` dimension over `fsdp` while
 the activations are sharded over `fsdp` along the batch). A layout is a choice of rules from the
 single `RULES` table; FSDP vs tensor parallel is a config edit (`layout=`).
@@ -39,6 +39,8 @@ RULES: dict[str, dict[str, Any]] = {
     "head_dim":  {"fsdp": None, "tp": None, "fsdp_tp": None},
     "mlp":       {"fsdp": None, "tp": "tensor", "fsdp_tp": "tensor"},
     "norm":      {"fsdp": None, "tp": None, "fsdp_tp": None},
+    "layers":    {"fsdp": None, "tp": None, "fsdp_tp": None},  # stacked layers (scanned)
+    "lora":      {"fsdp": None, "tp": None, "fsdp_tp": None},  # LoRA rank
     "act_embed": {"fsdp": None, "tp": None, "fsdp_tp": None},
     "act_heads": {"fsdp": None, "tp": "tensor", "fsdp_tp": "tensor"},
     "act_kv_heads": {"fsdp": None, "tp": "tensor", "fsdp_tp": "tensor"},

@@ -25,13 +25,13 @@ def test_parse_arg_errors():
 def test_workdir_config_round_trip_and_overrides(tmp_path):
     c = config_lib.base_config()
     c.seed, c.rl.steps, c.skills.budgets, c.env.kwargs = 1, 3, (2, 1), {"max_steps": 7}
-    c.model.overrides.remat = True
+    c.model.remat = "dots"
     config_lib.write_json(tmp_path / "config.json", config_lib.to_dict(c))
     back = config_lib.workdir_config(tmp_path, ["--config.eval.seeds=3",
                                                 "--config.rl.learning_rate=1"])
     assert back.eval.seeds == 3 and back.rl.learning_rate == 1.0
     assert isinstance(back.rl.learning_rate, float) and back.rl.steps == 3
-    assert list(back.skills.budgets) == [2, 1] and back.model.overrides.remat is True
+    assert list(back.skills.budgets) == [2, 1] and back.model.remat == "dots"
     assert back.model.overrides.num_layers is None and back.env.kwargs.max_steps == 7
     assert json.loads((tmp_path / "config.json").read_text())["rl"]["steps"] == 3
     with pytest.raises(FileNotFoundError, match="skilljax.train workdir"):
@@ -66,13 +66,24 @@ def test_schema_is_locked_and_checked():
         config_lib.check_schema(c)
 
 
+def test_older_workdir_config_is_migrated(tmp_path):
+    old = config_lib.to_dict(config_lib.base_config())
+    for key in ("param_dtype", "remat", "scan_layers", "lora"):
+        del old["model"][key]
+    old["model"].update(dtype="bfloat16", overrides={**old["model"]["overrides"], "remat": True})
+    del old["sampler"]
+    config_lib.write_json(tmp_path / "config.json", old)
+    back = config_lib.workdir_config(tmp_path)
+    assert back.model.remat == "full" and back.model.param_dtype == "bfloat16"  # as it trained
+
+
 def test_typed_placeholders_take_command_line_values():
     c = config_lib.base_config()
-    config_lib.apply_overrides(c, ["--config.model.overrides.remat=true",
+    config_lib.apply_overrides(c, ["--config.model.remat=dots",
                                    "--config.model.overrides.num_layers=4",
                                    "--config.model.overrides.model_type=qwen2",
                                    "--config.rl.mini_batch_size=None"])
-    assert c.model.overrides.remat is True and c.model.overrides.num_layers == 4
+    assert c.model.remat == "dots" and c.model.overrides.num_layers == 4
     assert c.model.overrides.model_type == "qwen2" and c.rl.mini_batch_size is None
     with pytest.raises(TypeError):
         config_lib.apply_overrides(c, ["--config.model.overrides.num_layers=many"])

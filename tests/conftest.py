@@ -60,6 +60,21 @@ def torch_logits(model, ids, attention_mask=None, position_ids=None):
     return out.logits.float().numpy()
 
 
+def layer_params(model, filter=None):
+    """Parameters by their per-layer names ('layers.0.attn.q', 'embedding', ...): stacked layer
+    parameters (leading L axis) are sliced per layer."""
+    from flax import nnx
+    out = {}
+    for keys, var in nnx.state(model, filter or nnx.Param).flat_state():
+        path, value = ".".join(map(str, keys)), var.get_value()
+        if path.startswith("layers."):
+            for i in range(value.shape[0]):
+                out[f"layers.{i}.{path[len('layers.'):]}"] = value[i]
+        else:
+            out[path] = value
+    return out
+
+
 def rel_err(a, b):
     import numpy as np
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

@@ -28,11 +28,16 @@ def test_overrides_and_errors():
     with pytest.raises(ValueError, match="expected true or false"):
         config_lib.load_config(CONFIG, ["--config.skills.filter=maybe"])
     # Nested keys of the schema, typed placeholders included: a QwenConfig field of the policy.
-    c = config_lib.load_config(CONFIG + ":runlocal", ["--config.model.overrides.remat=true",
+    c = config_lib.load_config(CONFIG + ":runlocal", ["--config.model.remat=dots",
+                                                      "--config.model.lora.rank=4",
                                                       "--config.model.overrides.rope_theta=1e4"])
-    assert c.model.overrides.remat is True and c.model.overrides.rope_theta == 1e4
+    assert c.model.remat == "dots" and c.model.overrides.rope_theta == 1e4
     model = experiment.build_model(c, Tokenizer.train(["a b c"], vocab_size=300))
-    assert model.cfg.remat is True and model.cfg.rope_theta == 1e4 and model.cfg.num_layers == 1
+    assert model.cfg.remat == "dots" and model.cfg.rope_theta == 1e4 and model.cfg.num_layers == 1
+    assert model.cfg.lora_rank == 4 and model.cfg.param_dtype == "float32"
+    with pytest.raises(ValueError, match="remat='some'"):
+        experiment.build_model(config_lib.load_config(CONFIG + ":runlocal", [
+            "--config.model.remat=some"]), Tokenizer.train(["a b c"], vocab_size=300))
     with pytest.raises(ValueError, match="Unknown variant"):
         config_lib.load_config(CONFIG + ":variant=magic")
     c = config_lib.load_config(CONFIG)

@@ -17,15 +17,16 @@ def load(path_or_preset: str | os.PathLike, mesh: Mesh | None = None, dtype: str
     """(config, model) from an HF directory or a preset name (random init with `seed`).
 
     With a mesh, parameters are created or loaded directly into the `layout` shardings.
-    `dtype` sets both compute and parameter dtype; `overrides` replace other QwenConfig fields.
+    `dtype` is the compute dtype; parameters stay float32 (master weights) unless `param_dtype` is
+    given (inference-only tools pass both). `overrides` replace other QwenConfig fields
+    (`remat`, `scan_layers`, `lora_rank`, ...).
     """
     sharding_layout = None if mesh is None else shd.Layout(mesh, layout)
     if dtype is not None:
         overrides.setdefault("dtype", dtype)
-        overrides.setdefault("param_dtype", dtype)
     path = Path(path_or_preset)
     if path.is_dir():
-        return hf_io.load(path, sharding_layout, **overrides)
+        return hf_io.load(path, sharding_layout, seed=seed, **overrides)
     name = str(path_or_preset)
     if name in PRESETS:
         cfg = PRESETS[name].replace(**overrides)
@@ -33,4 +34,13 @@ def load(path_or_preset: str | os.PathLike, mesh: Mesh | None = None, dtype: str
     raise ValueError(f"{name!r} is neither a directory nor a preset; presets: {sorted(PRESETS)}.")
 
 
-__all__ = ["load", "Qwen", "QwenConfig", "PRESETS", "hf_io", "qwen"]
+def compute_dtype(path_or_preset: str | os.PathLike, dtype: str | None = None) -> str:
+    """`dtype`, else the dtype an HF directory is stored in (float32 for presets): inference tools
+    keep their parameters in it (no float32 master copy without an optimizer)."""
+    if dtype is not None:
+        return dtype
+    path = Path(path_or_preset)
+    return hf_io.read_config(path).dtype if path.is_dir() else "float32"
+
+
+__all__ = ["load", "compute_dtype", "Qwen", "QwenConfig", "PRESETS", "hf_io", "qwen"]

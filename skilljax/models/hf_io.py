@@ -200,16 +200,29 @@ def _flat(state) -> Iterator[tuple[str, nnx.Variable]]:
         yield ".".join(str(k) for k in keys), var
 
 
-def load(path: str | os.PathLike, layout: shd.Layout | None = None,
+def _per_layer(path: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...], int | None]]:
+    """Our stacked parameter `layers.X` as the per-layer names `layers.{i}.X` the table uses:
+    (name, per-layer shape, layer index); other parameters as themselves (index None)."""
+    if not path.startswith("layers."):
+        return [(path, shape, None)]
+    rest = path[len("layers."):]
+    return [(f"layers.{i}.{rest}", shape[1:], i) for i in range(shape[0])]
+
+
+def load(path: str | os.PathLike, layout: shd.Layout | None = None, *, seed: int = 0,
          **overrides) -> tuple[qwen.QwenConfig, qwen.Qwen]:
     """(config, model) from an HF directory; each tensor goes straight to its target sharding.
 
-    `overrides` replace QwenConfig fields (e.g. dtype="bfloat16", remat=True).
+    `overrides` replace QwenConfig fields (e.g. dtype="bfloat16", remat="full"). With LoRA
+    (`lora_rank` > 0) the adapters are initialised from `seed` (B = 0: the model equals the
+    checkpoint's).
     """
     cfg = read_config(path, **overrides)
     tensors = checkpoint_tensors(path)
     graphdef, state = nnx.split(qwen.abstract_model(cfg, layout))
-    targets = dict(_flat(state))
+    variables = {p: v for p, v in _flat(state) if not isinstance(v, qwen.LoRAParam)}
+    targets = {name: (shape, p, i) for p, v in variables.items()
+               for name, shape, i in _per_layer(p, tuple(v.shape))}
 
     found, unexpected, bad_shape = {}, [], []
     for name, array in tensors.items():
@@ -223,7 +236,7 @@ def load(path: str | os.PathLike, layout: shd.Layout | None = None,
             if not (ours == "lm_head" and cfg.tie_embeddings):  # tied copies are redundant
                 unexpected.append(name)
             continue
-        want = rule.hf_shape(targets[ours].shape)
+        want = rule.hf_shape(targets[ours][0])
         if tuple(array.shape) != want:
             bad_shape.append(f"{name}: checkpoint {tuple(array.shape)}, config implies {want}")
             continue
@@ -245,17 +258,32 @@ def load(path: str | os.PathLike, layout: shd.Layout | None = None,
             f"{cfg.num_kv_heads}, head_dim {cfg.head_dim}, tied={cfg.tie_embeddings}):\n"
             + "\n".join(problems))
 
-    for ours, var in targets.items():
-        rule, array = found[ours]
+    views: dict[str, list] = {}
+    for name, (shape, ours, i) in targets.items():
+        rule, array = found[name]
+        views.setdefault(ours, []).append(rule.to_ours(array, shape))
+    for ours, var in variables.items():
         shape, dtype = tuple(var.shape), var.dtype
-        view = rule.to_ours(array, shape)
+        parts = views[ours]
+
+        def read(idx, parts=parts, stacked=ours.startswith("layers.")):
+            if not stacked:
+                return np.asarray(parts[0][idx], dtype=dtype)
+            layers = range(len(parts))[idx[0]]
+            return np.stack([np.asarray(parts[i][idx[1:]], dtype=dtype) for i in layers])
+
+        whole = tuple(slice(None) for _ in shape)
         if layout is None:
-            value = jax.device_put(np.asarray(view, dtype=dtype))
+            value = jax.device_put(read(whole))
         else:
             sharding = layout.sharding(shape, shd.logical_axes(var))
-            value = jax.make_array_from_callback(
-                shape, sharding, lambda idx, v=view: np.asarray(v[idx], dtype=dtype))
+            value = jax.make_array_from_callback(shape, sharding, read)
         var.set_value(value)
+    if cfg.lora_rank:
+        adapters = qwen.create_adapters(cfg, layout, seed)
+        for p, v in _flat(state):
+            if isinstance(v, qwen.LoRAParam):
+                v.set_value(adapters[p])
     return cfg, nnx.merge(graphdef, state)
 
 
@@ -273,9 +301,12 @@ def export(model: qwen.Qwen, out_dir: str | os.PathLike, *, dtype: str | None = 
     cfg = model.cfg
     np_dtype = np.dtype(qwen.DTYPES[dtype or cfg.param_dtype])
     tensors = {}
-    for path, var in _flat(nnx.state(model, nnx.Param)):
-        rule, name = ours_to_hf(path)
-        tensors[name] = rule.to_hf(np.asarray(jax.device_get(var.get_value())).astype(np_dtype))
+    # LoRA adapters are folded into their weights: the export is a plain model.
+    for keys, value in nnx.traversals.flatten_mapping(qwen.merged_state(model)).items():
+        value = np.asarray(jax.device_get(value))
+        for path, shape, i in _per_layer(".".join(map(str, keys)), value.shape):
+            rule, name = ours_to_hf(path)
+            tensors[name] = rule.to_hf((value if i is None else value[i]).astype(np_dtype))
 
     shards, current, size = [], {}, 0
     for name in sorted(tensors):
@@ -290,8 +321,8 @@ def export(model: qwen.Qwen, out_dir: str | os.PathLike, *, dtype: str | None = 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        (tmp / "config.json").write_text(
-            json.dumps(qwen.to_hf_config(cfg, dtype or cfg.param_dtype), indent=2))
+        (tmp / "config.json").write_text(json.dumps(
+            qwen.to_hf_config(cfg.replace(lora_rank=0), dtype or cfg.param_dtype), indent=2))
         if len(shards) == 1:
             write_safetensors(tmp / "model.safetensors", shards[0])
         else:

@@ -6,6 +6,20 @@ K kv heads, G = N // K query heads per kv head, H head dim, F mlp, V vocab.
 The attention signature is KV-cache friendly: callers pass per-row `positions_BT` (RoPE), a boolean
 `mask_BTS` (which keys each query sees) and optionally a cache with a scalar write index; the sampler
 builds masks for left-padded prompts and decode steps, `forward` builds them for plain sequences.
+
+Layers are stored stacked: every layer parameter has a leading L axis (logical axis `layers`) and
+the cache is one [L, B, K, S, H] array per k and v. With `scan_layers` the forward pass is one
+`lax.scan` over the layers (compile time independent of depth); without it a Python loop over the
+same slices (one traced copy per layer). Both compute the same numbers.
+
+Precision: `param_dtype` is the storage of the parameters (float32 master weights by default),
+`dtype` the compute dtype every matmul casts to. `remat` picks what the backward pass keeps per
+layer: "none", "full" (only the layer inputs; everything else recomputed) or "dots" (matmul outputs
+kept, elementwise work recomputed).
+
+LoRA (`lora_rank` > 0): each targeted projection W gets adapters A [in, r] and B [r, out] (B starts
+at zero) and computes x W + (alpha / r) (x A) B; adapters are `LoRAParam`s, the only parameters
+`trainable(cfg)` selects. `merged_state` folds them into W (sampler, HF export).
 """
 
 from __future__ import annotations
@@ -24,6 +38,9 @@ from skilljax import sharding as shd
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 SUPPORTED_ROPE = ("default", "linear", "yarn")
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +68,22 @@ class QwenConfig:
     pad_token_id: int | None = None
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype
-    remat: bool = False
+    remat: str = "none"  # REMAT_POLICIES; True/False are read as "full"/"none"
+    scan_layers: bool = True
+    lora_rank: int = 0  # 0: no adapters
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS
 
     def __post_init__(self):
+        if isinstance(self.remat, bool):
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={self.remat!r}; choose one of {tuple(REMAT_POLICIES)}.")
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+        bad = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        if bad or self.lora_rank < 0:
+            raise ValueError(f"LoRA: rank must be >= 0 and targets among {LORA_TARGETS}; got rank "
+                             f"{self.lora_rank}, unknown targets {bad}.")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} must be a multiple of "
                              f"num_kv_heads={self.num_kv_heads} (grouped-query attention).")
@@ -74,6 +104,10 @@ class QwenConfig:
     @property
     def rope_scaling_dict(self) -> dict[str, Any]:
         return dict(self.rope_scaling or ())
+
+    @property
+    def lora_scale(self) -> float:
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
     def num_params(self) -> int:
         d, h = self.embed_dim, self.head_dim
@@ -171,11 +205,9 @@ def from_hf_config(hf: Mapping[str, Any], **overrides) -> QwenConfig:
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
         pad_token_id=hf.get("pad_token_id"),
-        param_dtype=stored,  # as stored unless overridden, like transformers' dtype="auto"
+        param_dtype="float32",  # master weights; compute as stored unless overridden
         dtype=stored,
     )
-    if "dtype" in overrides and "param_dtype" not in overrides:
-        overrides["param_dtype"] = overrides["dtype"]
     kw.update(overrides)
     return QwenConfig(**kw)
 
@@ -299,9 +331,19 @@ def apply_rope(x_BTNH: jax.Array, rope: Rope) -> jax.Array:
 
 
 class LayerCache(NamedTuple):
-    # Heads before positions: decode attention is then a plain batched matmul over (B, K).
-    k_BKSH: jax.Array
-    v_BKSH: jax.Array
+    """KV cache of every layer. Heads before positions: decode attention is then a plain batched
+    matmul over (B, K)."""
+    k_LBKSH: jax.Array
+    v_LBKSH: jax.Array
+
+
+class LoRAParam(nnx.Param):
+    """A low-rank adapter weight: with LoRA on, the only trainable parameters."""
+
+
+def trainable(cfg: QwenConfig):
+    """The nnx filter of the parameters an optimizer updates: adapters with LoRA, else all."""
+    return LoRAParam if cfg.lora_rank else nnx.Param
 
 
 def _param(rngs: nnx.Rngs, shape, axes, std, dtype) -> nnx.Param:
@@ -321,11 +363,33 @@ class RMSNorm(nnx.Module):
         return y.astype(x.dtype) * self.scale[...].astype(x.dtype)
 
 
+class LoRA(nnx.Module):
+    """Adapters of one projection with weight [*in, *out]: A [*in, r] (random), B [r, *out] (0)."""
+
+    def __init__(self, a: jax.Array, b: jax.Array, a_axes, b_axes, scale: float):
+        self.a = LoRAParam(a, logical_axes=a_axes)
+        self.b = LoRAParam(b, logical_axes=b_axes)
+        self.scale = scale
+
+    def __call__(self, x_BTI: jax.Array) -> jax.Array:
+        """(x A) B · scale for x with the input dims flattened; output dims flattened."""
+        dt = x_BTI.dtype
+        r = self.a.shape[-1]
+        a_IR = self.a[...].astype(dt).reshape(-1, r)
+        b_RO = self.b[...].astype(dt).reshape(r, -1)
+        return jnp.einsum("BTR,RO->BTO", jnp.einsum("BTI,IR->BTR", x_BTI, a_IR), b_RO) * self.scale
+
+
+def _lora(module, name: str, x_BTI: jax.Array, y_BTO: jax.Array) -> jax.Array:
+    lora = getattr(module, name + "_lora", None)
+    return y_BTO if lora is None else y_BTO + lora(x_BTI)
+
+
 def _project_in(x_BTD, w_DNH):
     """x @ w with the heads flattened: a plain 2-D matmul over contiguous weights (an einsum over
     (N, H) made XLA:CPU copy the weight into another layout at every decode step)."""
     d, n, h = w_DNH.shape
-    return jnp.einsum("BTD,DF->BTF", x_BTD, w_DNH.reshape(d, n * h)).reshape(*x_BTD.shape[:2], n, h)
+    return jnp.einsum("BTD,DF->BTF", x_BTD, w_DNH.reshape(d, n * h))
 
 
 class Attention(nnx.Module):
@@ -347,15 +411,21 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
             self.k_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
 
-    def __call__(self, x_BTD, rope: Rope, mask_BTS, cache: LayerCache | None, cache_index):
+    def __call__(self, x_BTD, rope: Rope, mask_BTS, cache: LayerCache | None, cache_index, layer):
+        """`cache`: every layer's; this one (index `layer`) writes its keys and values at
+        position `cache_index` and attends over its slice."""
         cfg, dt = self.cfg, DTYPES[self.cfg.dtype]
-        q_BTNH = _project_in(x_BTD, self.q[...].astype(dt))
-        k_BTKH = _project_in(x_BTD, self.k[...].astype(dt))
-        v_BTKH = _project_in(x_BTD, self.v[...].astype(dt))
-        if cfg.qkv_bias:
-            q_BTNH += self.q_bias[...].astype(dt)
-            k_BTKH += self.k_bias[...].astype(dt)
-            v_BTKH += self.v_bias[...].astype(dt)
+        b, t, _ = x_BTD.shape
+        n, kv, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+        def project(name, heads):
+            y_BTF = _lora(self, name, x_BTD, _project_in(x_BTD, getattr(self, name)[...].astype(dt)))
+            y_BTNH = y_BTF.reshape(b, t, heads, h)
+            if cfg.qkv_bias:
+                y_BTNH += getattr(self, name + "_bias")[...].astype(dt)
+            return y_BTNH
+
+        q_BTNH, k_BTKH, v_BTKH = project("q", n), project("k", kv), project("v", kv)
         if cfg.qk_norm:
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         q_BTNH, k_BTKH = apply_rope(q_BTNH, rope), apply_rope(k_BTKH, rope)
@@ -363,15 +433,16 @@ class Attention(nnx.Module):
 
         k_BKTH, v_BKTH = k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3)
         if cache is not None:
-            start = (0, 0, cache_index, 0)
-            k_BKSH = jax.lax.dynamic_update_slice(cache.k_BKSH, k_BKTH.astype(cache.k_BKSH.dtype), start)
-            v_BKSH = jax.lax.dynamic_update_slice(cache.v_BKSH, v_BKTH.astype(cache.v_BKSH.dtype), start)
-            cache = LayerCache(k_BKSH, v_BKSH)
+            zero = jnp.int32(0)
+            start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32),
+                     zero)
+            write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), start)
+            cache = LayerCache(write(cache.k_LBKSH, k_BKTH), write(cache.v_LBKSH, v_BKTH))
+            read = lambda buf: jax.lax.dynamic_index_in_dim(buf, layer, 0, keepdims=False)
+            k_BKSH, v_BKSH = read(cache.k_LBKSH), read(cache.v_LBKSH)
         else:
             k_BKSH, v_BKSH = k_BKTH, v_BKTH
 
-        b, t, n, h = q_BTNH.shape
-        kv = cfg.num_kv_heads
         q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
         k_BKSH, v_BKSH = k_BKSH.astype(dt), v_BKSH.astype(dt)
         # Decode with grouped queries (G > 1): multiply-and-reduce over (B, K, G, S, H) fuses into
@@ -392,9 +463,9 @@ class Attention(nnx.Module):
                                 )[:, None]
         else:
             out_BTKGH = jnp.einsum("BKGTS,BKSH->BTKGH", probs_BKGTS, v_BKSH)
-        out_BTNH = out_BTKGH.reshape(b, t, n, h)
-        o_ND = self.o[...].astype(dt).reshape(n * h, -1)
-        y_BTD = jnp.einsum("BTF,FD->BTD", out_BTNH.reshape(b, t, n * h), o_ND)
+        out_BTF = out_BTKGH.reshape(b, t, n * h)
+        o_FD = self.o[...].astype(dt).reshape(n * h, -1)
+        y_BTD = _lora(self, "o", out_BTF, jnp.einsum("BTF,FD->BTD", out_BTF, o_FD))
         if cfg.out_bias:
             y_BTD += self.o_bias[...].astype(dt)
         return y_BTD, cache
@@ -411,10 +482,11 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BTD):
         dt = self.dtype
-        gate_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, self.gate[...].astype(dt))
-        up_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, self.up[...].astype(dt))
+        proj = lambda name, x, eq: _lora(self, name, x, jnp.einsum(eq, x, getattr(self, name)[...].astype(dt)))
+        gate_BTF = proj("gate", x_BTD, "BTD,DF->BTF")
+        up_BTF = proj("up", x_BTD, "BTD,DF->BTF")
         h_BTF = shd.constrain(jax.nn.silu(gate_BTF) * up_BTF, ("batch", "seq", "act_mlp"), self.layout)
-        return jnp.einsum("BTF,FD->BTD", h_BTF, self.down[...].astype(dt))
+        return proj("down", h_BTF, "BTF,FD->BTD")
 
 
 class DecoderLayer(nnx.Module):
@@ -426,18 +498,35 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, layout, rngs=rngs)
         self.layout = layout
 
-    def __call__(self, x_BTD, rope, mask_BTS, cache, cache_index):
-        y_BTD, cache = self.attn(self.attn_norm(x_BTD), rope, mask_BTS, cache, cache_index)
+    def __call__(self, x_BTD, rope, mask_BTS, cache, cache_index, layer):
+        y_BTD, cache = self.attn(self.attn_norm(x_BTD), rope, mask_BTS, cache, cache_index, layer)
         x_BTD = x_BTD + y_BTD
         x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
         return shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout), cache
 
 
-def _run_layer(layer, x_BTD, rope, mask_BTS, cache, cache_index):
-    return layer(x_BTD, rope, mask_BTS, cache, cache_index)
+def _stacked(modules: list[nnx.Module]) -> nnx.Module:
+    """One module whose every variable is the stack of the modules' ones (leading axis `layers`)."""
+    def stack(*vs):
+        axes = ("layers",) + tuple(vs[0].get_metadata()["logical_axes"])
+        return vs[0].replace(jnp.stack([v.get_value() for v in vs]), logical_axes=axes)
+    is_var = lambda x: isinstance(x, nnx.Variable)
+    states = [nnx.state(m) for m in modules]
+    return nnx.merge(nnx.graphdef(modules[0]), jax.tree.map(stack, *states, is_leaf=is_var))
 
 
-_run_layer_remat = nnx.remat(_run_layer)
+def _lora_shapes(cfg: QwenConfig) -> dict[str, tuple[str, tuple, tuple, tuple, tuple]]:
+    """target → (submodule, in shape, out shape, in axes, out axes) of its weight."""
+    d, n, k, h, f = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
+    return {
+        "q": ("attn", (d,), (n, h), ("embed",), ("heads", "head_dim")),
+        "k": ("attn", (d,), (k, h), ("embed",), ("kv_heads", "head_dim")),
+        "v": ("attn", (d,), (k, h), ("embed",), ("kv_heads", "head_dim")),
+        "o": ("attn", (n, h), (d,), ("heads", "head_dim"), ("embed",)),
+        "gate": ("mlp", (d,), (f,), ("embed",), ("mlp",)),
+        "up": ("mlp", (d,), (f,), ("embed",), ("mlp",)),
+        "down": ("mlp", (f,), (d,), ("mlp",), ("embed",)),
+    }
 
 
 class Qwen(nnx.Module):
@@ -447,25 +536,46 @@ class Qwen(nnx.Module):
         pd, std = DTYPES[cfg.param_dtype], cfg.initializer_range
         self.cfg, self.layout = cfg, layout
         self.embedding = _param(rngs, (cfg.vocab_size, cfg.embed_dim), ("vocab", "embed"), std, pd)
-        self.layers = nnx.List([DecoderLayer(cfg, layout, rngs=rngs) for _ in range(cfg.num_layers)])
+        # Drawn layer by layer, then stacked: the same weights for one seed with and without
+        # scanning (and as before layers were stacked).
+        self.layers = _stacked([DecoderLayer(cfg, layout, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.embed_dim, cfg.rms_norm_eps, param_dtype=pd)
         if not cfg.tie_embeddings:
             self.lm_head = _param(rngs, (cfg.embed_dim, cfg.vocab_size), ("embed", "vocab"), std, pd)
+        if cfg.lora_rank:  # drawn last: the base weights do not depend on the adapters
+            r, L = cfg.lora_rank, cfg.num_layers
+            for target in cfg.lora_targets:
+                sub, in_shape, out_shape, in_axes, out_axes = _lora_shapes(cfg)[target]
+                fan_in = math.prod(in_shape)
+                a = jax.random.normal(rngs.params(), (L, *in_shape, r), jnp.float32) * fan_in ** -0.5
+                lora = LoRA(a, jnp.zeros((L, r, *out_shape), jnp.float32),
+                            ("layers", *in_axes, "lora"), ("layers", "lora", *out_axes),
+                            cfg.lora_scale)
+                setattr(getattr(self.layers, sub), target + "_lora", lora)
 
-    def hidden(self, tokens_BT, positions_BT, mask_BTS, cache: list[LayerCache] | None = None,
+    def hidden(self, tokens_BT, positions_BT, mask_BTS, cache: LayerCache | None = None,
                cache_index=None):
         """Final-normed hidden states [B, T, D] and the updated cache."""
-        dt = DTYPES[self.cfg.dtype]
+        cfg, dt = self.cfg, DTYPES[self.cfg.dtype]
         x_BTD = jnp.take(self.embedding[...], tokens_BT, axis=0).astype(dt)
         x_BTD = shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout)
-        run = _run_layer_remat if self.cfg.remat else _run_layer
-        rope = rope_tables(self.cfg, positions_BT)
-        new_cache = []
-        for i, layer in enumerate(self.layers):
-            x_BTD, c = run(layer, x_BTD, rope, mask_BTS,
-                           None if cache is None else cache[i], cache_index)
-            new_cache.append(c)
-        return self.final_norm(x_BTD), (None if cache is None else new_cache)
+        rope = rope_tables(cfg, positions_BT)
+        graphdef, layers = nnx.split(self.layers)
+
+        def run(x_BTD, layer_state, i, cache):
+            return nnx.merge(graphdef, layer_state)(x_BTD, rope, mask_BTS, cache, cache_index, i)
+
+        if cfg.remat != "none" and cache is None:  # remat matters only under differentiation
+            run = jax.checkpoint(run, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
+        if cfg.scan_layers:
+            def body(carry, xs):
+                return run(*carry[:1], *xs, carry[1]), None
+            (x_BTD, cache), _ = jax.lax.scan(
+                body, (x_BTD, cache), (layers, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+        else:
+            for i in range(cfg.num_layers):
+                x_BTD, cache = run(x_BTD, jax.tree.map(lambda a: a[i], layers), i, cache)
+        return self.final_norm(x_BTD), cache
 
     def logits(self, h_BTD) -> jax.Array:
         dt = DTYPES[self.cfg.dtype]
@@ -481,16 +591,19 @@ class Qwen(nnx.Module):
         h_BTD, cache = self.hidden(tokens_BT, positions_BT, mask_BTS, cache, cache_index)
         return self.logits(h_BTD), cache
 
-    def init_cache(self, batch: int, length: int, dtype=None) -> list[LayerCache]:
-        cfg = self.cfg
-        shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
-        dtype = dtype or DTYPES[cfg.dtype]
-        axes = ("batch", "act_kv_heads", "seq", "head_dim")
+    def init_cache(self, batch: int, length: int, dtype=None) -> LayerCache:
+        return init_cache(self.cfg, self.layout, batch, length, dtype)
 
-        def zeros():
-            z = jnp.zeros(shape, dtype)
-            return z if self.layout is None else jax.device_put(z, self.layout.sharding(shape, axes))
-        return [LayerCache(zeros(), zeros()) for _ in range(cfg.num_layers)]
+
+def init_cache(cfg: QwenConfig, layout: shd.Layout | None, batch: int, length: int,
+               dtype=None) -> LayerCache:
+    """A zero KV cache for every layer, created in place in its sharding."""
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
+    dtype = dtype or DTYPES[cfg.dtype]
+    axes = ("layers", "batch", "act_kv_heads", "seq", "head_dim")
+    sharding = None if layout is None else layout.sharding(shape, axes)
+    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+    return LayerCache(zeros(), zeros())
 
 
 def positions_from_mask(mask_BT: jax.Array) -> jax.Array:
@@ -523,11 +636,42 @@ def create(cfg: QwenConfig, layout: shd.Layout | None = None, seed: int = 0) -> 
     """A randomly initialised model whose parameters are born sharded (never whole on one device)."""
     graphdef, abstract_state = nnx.split(abstract_model(cfg, layout))
     out_shardings = None if layout is None else shd.state_shardings(abstract_state, layout)
-
-    @jax.jit
-    def init():
-        return nnx.state(Qwen(cfg, layout, rngs=nnx.Rngs(seed)))
-
-    if out_shardings is not None:
-        init = jax.jit(init, out_shardings=out_shardings)
+    init = jax.jit(lambda: nnx.state(Qwen(cfg, layout, rngs=nnx.Rngs(seed))),
+                   out_shardings=out_shardings)
     return nnx.merge(graphdef, init())
+
+
+# ----------------------------------------------------------------------------- LoRA
+
+
+def create_adapters(cfg: QwenConfig, layout: shd.Layout | None = None, seed: int = 0
+                    ) -> dict[str, jax.Array]:
+    """The LoRA adapters `create(cfg, layout, seed)` would hold ('.'-joined path → array), without
+    materialising the base weights (XLA drops their unused initialisation)."""
+    _, abstract = nnx.split(abstract_model(cfg, layout), LoRAParam, ...)[:2]
+    shardings = None if layout is None else shd.state_shardings(abstract, layout)
+    init = jax.jit(lambda: nnx.state(Qwen(cfg, layout, rngs=nnx.Rngs(seed)), LoRAParam),
+                   out_shardings=shardings)
+    return {".".join(map(str, k)): v.get_value() for k, v in init().flat_state()}
+
+
+def merged_state(model: Qwen, dtype=None) -> dict:
+    """The parameters of the plain model (no adapters) equal to `model`: each adapted weight
+    becomes W + scale · A B, as a pure dict for `nnx.merge(graphdef of cfg.replace(lora_rank=0))`,
+    every float cast to `dtype` when given. Traceable (the sampler jits it)."""
+    cfg = model.cfg
+    pure = nnx.state(model, nnx.Param).to_pure_dict()
+    layers = pure["layers"]
+    for target in (cfg.lora_targets if cfg.lora_rank else ()):
+        sub = _lora_shapes(cfg)[target][0]
+        lora = layers[sub].pop(target + "_lora")
+        w = layers[sub][target]
+        L, r = cfg.num_layers, cfg.lora_rank
+        delta = jnp.einsum("LIR,LRO->LIO", lora["a"].astype(jnp.float32).reshape(L, -1, r),
+                           lora["b"].astype(jnp.float32).reshape(L, r, -1))
+        layers[sub][target] = (w.astype(jnp.float32) + cfg.lora_scale * delta.reshape(w.shape)
+                               ).astype(w.dtype)
+    if dtype is not None:
+        pure = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                            else x, pure)
+    return pure

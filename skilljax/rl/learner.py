@@ -145,7 +145,7 @@ def accumulate_grads(model: qwen.Qwen, batch: Batch, cfg: LearnerConfig,
     if b % micro:
         raise ValueError(f"mini-batch of {b} is not a multiple of micro_batch_size={micro}.")
     micro_batches = _split(batch, b // micro)
-    graphdef, params, other = nnx.split(model, nnx.Param, ...)
+    graphdef, params, other = nnx.split(model, qwen.trainable(model.cfg), ...)
 
     def grads_of(mb):
         def f(p):
@@ -215,7 +215,8 @@ class Learner:
         if cfg.kl_kind not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_kind={cfg.kl_kind!r}; choose k1, k2 or k3.")
         self.model, self.cfg = model, cfg
-        self.optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
+        # With LoRA only the adapters are trained and in the optimizer state.
+        self.optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=qwen.trainable(model.cfg))
         self.reference = None
         if cfg.kl_coef > 0:
             graphdef, state = nnx.split(model)

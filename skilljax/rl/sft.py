@@ -65,8 +65,8 @@ def sft_loss(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT, window: in
 @nnx.jit(donate_argnums=(0, 1), static_argnums=(5, 6))
 def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, attn_mask_BT,
           window: int | None, prompt_weight: float = 0.0):
-    loss, grads = nnx.value_and_grad(sft_loss)(model, tokens_BT, loss_mask_BT, attn_mask_BT,
-                                                window, prompt_weight)
+    grad_of = nnx.value_and_grad(sft_loss, argnums=nnx.DiffState(0, qwen.trainable(model.cfg)))
+    loss, grads = grad_of(model, tokens_BT, loss_mask_BT, attn_mask_BT, window, prompt_weight)
     optimizer.update(model, grads)
     return loss, optax.global_norm(grads)
 
@@ -107,7 +107,7 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
                          "response tokens only).")
     if later and admit_later is None:
         raise ValueError("sft.train: `later` samples need an `admit_later(step)` condition.")
-    optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=qwen.trainable(model.cfg))
     rng = np.random.default_rng(seed)
     bs = min(cfg.batch_size, len(samples))
     order: list[int] = []

@@ -60,7 +60,8 @@ def main(argv=None):
     if not prompts:
         p.error(f"{args.prompts} holds no prompts")
     mesh = sharding.make_mesh(args.mesh) if args.mesh else None
-    cfg, model = models.load(args.checkpoint, mesh, args.dtype, layout=args.layout)
+    dtype = models.compute_dtype(args.checkpoint, args.dtype)  # inference: parameters stored so
+    cfg, model = models.load(args.checkpoint, mesh, dtype, param_dtype=dtype, layout=args.layout)
     sampler = Sampler(model, pad_id=cfg.pad_token_id or 0, max_top_k=max(64, args.top_k))
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k,

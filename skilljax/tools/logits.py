@@ -36,7 +36,9 @@ def main(argv=None):
     except ValueError:
         p.error(f"--token-ids must be comma-separated integers, got {args.token_ids!r}")
     mesh = sharding.make_mesh(args.mesh) if args.mesh else None
-    cfg, model = models.load(args.checkpoint, mesh, args.dtype, layout=args.layout, seed=args.seed)
+    dtype = models.compute_dtype(args.checkpoint, args.dtype)  # inference: parameters stored so
+    cfg, model = models.load(args.checkpoint, mesh, dtype, param_dtype=dtype, layout=args.layout,
+                             seed=args.seed)
     if not ids or max(ids) >= cfg.vocab_size or min(ids) < 0:
         p.error(f"token ids must lie in [0, {cfg.vocab_size}) and not be empty")
     tokens = jnp.asarray([ids], jnp.int32)

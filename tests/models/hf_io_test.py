@@ -105,10 +105,10 @@ def test_mesh_layouts_match_and_split_params(layout, mesh_spec, which, qwen2_dir
     mesh = sharding.make_mesh(mesh_spec)
     assert mesh.size == 8
     _, model = models.load(path, mesh, layout=layout)
-    params = dict(hf_io._flat(__import__("flax").nnx.state(model)))
-    big = ["layers.0.attn.q", "layers.0.attn.o", "layers.1.mlp.gate", "layers.1.mlp.down", "embedding"]
+    params = {k: v.get_value() for k, v in hf_io._flat(__import__("flax").nnx.state(model))}
+    big = ["layers.attn.q", "layers.attn.o", "layers.mlp.gate", "layers.mlp.down", "embedding"]
     for name in big:
-        arr = params[name].get_value()
+        arr = params[name]
         assert arr.sharding.mesh.shape == mesh.shape
         assert sharding.is_split(arr), f"{name} is not split under {layout}: {arr.sharding.spec}"
         # Each shard holds 1/k of the array for the k devices the layout uses.
@@ -116,9 +116,9 @@ def test_mesh_layouts_match_and_split_params(layout, mesh_spec, which, qwen2_dir
                         for a in ((e,) if isinstance(e, str) else e)])
         assert arr.addressable_shards[0].data.size * used == arr.size
     if layout == "fsdp":
-        assert params["layers.0.mlp.up"].get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
+        assert params["layers.mlp.up"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", None)
     if layout == "tp":
-        assert params["layers.0.mlp.up"].get_value().sharding.spec == jax.sharding.PartitionSpec(None, "tensor")
+        assert params["layers.mlp.up"].sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor")
     _, m = models.load(path, mesh, layout=layout)
     tokens = jax.device_put(jnp.asarray(IDS), sharding.Layout(mesh, layout).sharding(IDS.shape, ("batch", "seq")))
     out = np.asarray(qwen.forward(m, tokens, jnp.ones_like(tokens)))
@@ -151,7 +151,7 @@ def test_export_sharded_bfloat16(tmp_path, qwen3_dir):
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out_dir)
     assert reloaded.dtype == torch.bfloat16
     cfg_bf16, _ = models.load(out_dir)
-    assert cfg_bf16.param_dtype == "bfloat16"
+    assert (cfg_bf16.dtype, cfg_bf16.param_dtype) == ("bfloat16", "float32")  # master weights f32
     ref = torch_logits(ref_model, IDS)
     assert rel_err(ours(out_dir), ref) < 0.05  # bfloat16 weights and compute, as stored
 
@@ -233,9 +233,10 @@ def test_table_round_trips_every_parameter():
         for untied in (False, True):
             cfg = qwen.PRESETS[preset].replace(tie_embeddings=not untied, qkv_bias=True, out_bias=True)
             _, state = __import__("flax").nnx.split(qwen.abstract_model(cfg))
-            for path, var in hf_io._flat(state):
-                rule, name = hf_io.ours_to_hf(path)
-                back = hf_io.hf_to_ours(name)
-                assert back is not None and back[1] == path
-                a = np.arange(np.prod(var.shape), dtype=np.float32).reshape(var.shape)
-                np.testing.assert_array_equal(rule.to_ours(rule.to_hf(a), var.shape), a)
+            for stacked, var in hf_io._flat(state):
+                for path, shape, _ in hf_io._per_layer(stacked, tuple(var.shape)):
+                    rule, name = hf_io.ours_to_hf(path)
+                    back = hf_io.hf_to_ours(name)
+                    assert back is not None and back[1] == path
+                    a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+                    np.testing.assert_array_equal(rule.to_ours(rule.to_hf(a), shape), a)

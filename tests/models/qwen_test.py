@@ -8,11 +8,11 @@ from flax import nnx
 
 from skilljax import models, sharding
 from skilljax.models import qwen
-from tests.conftest import rel_err
+from tests.conftest import layer_params, rel_err
 
 
 def params(model):
-    return {".".join(map(str, k)): v.get_value() for k, v in nnx.state(model, nnx.Param).flat_state()}
+    return layer_params(model)
 
 
 def test_preset_sizes_match_released_models():
@@ -89,8 +89,10 @@ def test_remat_same_values_and_grads():
 
 def test_bfloat16_close_to_float32():
     _, f32 = models.load("tiny")
-    _, bf16 = models.load("tiny", dtype="bfloat16")
-    assert params(bf16)["layers.0.attn.q"].dtype == jnp.bfloat16
+    _, bf16 = models.load("tiny", dtype="bfloat16")  # compute only: master weights stay float32
+    assert params(bf16)["layers.0.attn.q"].dtype == jnp.float32
+    assert params(models.load("tiny", dtype="bfloat16", param_dtype="bfloat16")[1]
+                  )["layers.0.attn.q"].dtype == jnp.bfloat16
     tokens = jnp.asarray([[7, 8, 9, 10, 11]])
     a = qwen.forward(f32, tokens, jnp.ones_like(tokens))
     b = qwen.forward(bf16, tokens, jnp.ones_like(tokens))
