@@ -230,9 +230,17 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, kno
     def cond(st: _DecodeState):
         return (st.step < knobs.max_new) & ~jnp.all(st.done_B)
 
+    sample = lambda logits_BV, keys_B, knobs: _sample(logits_BV, keys_B, knobs, max_top_k)
+    if model.layout is not None:  # rows are independent: sample each device's rows in place
+        rows = model.layout.spec((b,), ("batch",))
+        knob_specs = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), knobs)
+        sample = jax.shard_map(sample, mesh=model.layout.mesh,
+                               in_specs=(jax.sharding.PartitionSpec(rows[0], None), rows, knob_specs),
+                               out_specs=(rows, rows, rows), check_vma=False)
+
     def body(st: _DecodeState):
         step_keys_B = jax.vmap(jax.random.fold_in, (0, None))(keys_B, st.step)
-        token_B, logp_B, slogp_B = _sample(st.logits_BV, step_keys_B, knobs, max_top_k)
+        token_B, logp_B, slogp_B = sample(st.logits_BV, step_keys_B, knobs)
         live_B = ~st.done_B
         token_B = jnp.where(live_B, token_B, 0)
         is_stop_B = jnp.any(token_B[:, None] == knobs.stop_ids[None, :], axis=-1) & live_B

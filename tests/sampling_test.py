@@ -254,3 +254,59 @@ def test_buckets():
         == [16, 16, 24, 24, 32, 48, 96, 128, 1024, 1536, 2048]
     assert [sampling.bucket_length(n, minimum=1) for n in (1, 2, 3, 5, 7, 48, 49)] == \
         [1, 2, 3, 6, 8, 48, 64]
+
+
+def _live_bytes():
+    return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())
+
+
+def test_repeated_calls_with_new_shapes_do_not_grow_device_memory():
+    """One KV cache at a time: a new shape frees the old cache before allocating its own, and the
+    inference copy of the weights lives only during a call."""
+    _, model = models.load("tiny", dtype="bfloat16")  # float32 weights: a bfloat16 copy per call
+    sampler = Sampler(model)
+    params = lambda n: SamplingParams(max_new_tokens=n, temperature=1.0)
+    rounds = []
+    for _ in range(3):
+        for length, new in ((5, 8), (40, 30), (200, 100), (12, 8)):
+            sampler.generate([[3] * length] * 6, params(new), jax.random.key(length))
+        rounds.append(_live_bytes())
+    peak_cache = 2 * 2 * 6 * 2 * (256 + 128) * 32 * 2  # k+v · L · B(8) · K · S · H · bf16 bytes
+    assert rounds[1] == rounds[0] == rounds[2], rounds
+    sampler.generate([[3] * 200] * 6, params(100), jax.random.key(0))
+    held = _live_bytes() - rounds[0]  # the biggest cache is now the one held
+    assert 0 < held <= peak_cache
+    sampler.release()
+    assert _live_bytes() < rounds[0]
+
+
+def test_chunked_batches_sample_the_same_rows(checkpoints):
+    _, model = models.load(checkpoints["qwen3"][0])
+    prompts = PROMPTS * 3  # 12 rows
+    params = SamplingParams(max_new_tokens=9, temperature=1.0, top_k=20)
+    whole = Sampler(model).generate(prompts, params, jax.random.key(3))
+    chunked = Sampler(model, max_batch=5)  # chunks of 4, one shape
+    out = chunked.generate(prompts, params, jax.random.key(3))
+    assert out.token_ids == whole.token_ids and out.finish_reasons == whole.finish_reasons
+    for x, y in zip(out.logprobs, whole.logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+    assert chunked._cache[0][0] == 4  # (rows, cache length) of the chunks
+    with pytest.raises(ValueError, match="max_batch"):
+        Sampler(model, max_batch=0)
+
+
+def test_fsdp_decode_moves_no_weights():
+    """Counted in the compiled decode loop on fsdp=8: gathering the weights once per generate into
+    the tensor-parallel layout (and sampling each device's rows in place) leaves no all-gather in
+    the loop; decoding in the training layout gathers weights at every token."""
+    cfg = qwen.PRESETS["tiny"].replace(dtype="bfloat16")
+    model = qwen.create(cfg, sharding.Layout(sharding.make_mesh("fsdp=8"), "fsdp"))
+    gathered = Sampler(model).decode_collectives(16, 32, 16)
+    in_place = Sampler(model, gather_weights=False).decode_collectives(16, 32, 16)
+    print(f"decode-loop collectives, fsdp=8: gathered once {gathered}, training layout {in_place}")
+    # Left: one all-reduce of a boolean, the loop's "every row done?" exit test.
+    assert gathered["all-gather"] == 0 and gathered["all-reduce"] <= 1
+    assert sum(gathered.values()) == gathered["all-reduce"]
+    assert in_place["all-gather"] >= 4  # q, k, v, o, gate, up, down, embedding: in the loop body
+    out = Sampler(model).generate([[1, 2, 3]] * 8, SamplingParams(max_new_tokens=4), jax.random.key(0))
+    assert all(len(t) == 4 for t in out.token_ids)

@@ -71,9 +71,13 @@ def test_kv_cache_prefill_then_decode_equals_full_forward():
     assert rel_err(np.asarray(cached)[real], np.asarray(full)[real]) <= 1e-5
 
 
-def test_remat_same_values_and_grads():
-    _, plain = models.load("tiny")
-    _, remat = models.load("tiny", remat=True)
+@pytest.mark.parametrize("variant", [dict(remat="full"), dict(remat="dots"),
+                                     dict(scan_layers=False), dict(scan_layers=False, remat="full")])
+def test_scan_and_remat_same_values_and_grads(variant):
+    """Scanned vs unrolled layers and every remat policy compute the same loss and gradients."""
+    _, plain = models.load("tiny")  # scanned, no remat
+    _, other = models.load("tiny", **variant)
+    assert plain.cfg.scan_layers and other.cfg.replace(**variant) == other.cfg
     tokens = jnp.asarray([[1, 2, 3, 4, 5, 6]])
 
     def loss(model):
@@ -81,10 +85,28 @@ def test_remat_same_values_and_grads():
 
     grad = nnx.jit(nnx.value_and_grad(loss))
     l1, g1 = grad(plain)
-    l2, g2 = grad(remat)
+    l2, g2 = grad(other)
     assert float(l1) == pytest.approx(float(l2), rel=1e-6)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(a).max()))
+
+
+def test_remat_policy_is_validated_and_bools_still_read():
+    assert qwen.PRESETS["tiny"].replace(remat=True).remat == "full"
+    assert qwen.PRESETS["tiny"].replace(remat=False).remat == "none"
+    with pytest.raises(ValueError, match="remat='everything'"):
+        qwen.PRESETS["tiny"].replace(remat="everything")
+
+
+def test_scanned_compile_does_not_grow_with_depth():
+    """The scanned forward's HLO is the same size for 2 and 8 layers; the unrolled one grows."""
+    def hlo_size(**kw):
+        model = qwen.abstract_model(qwen.PRESETS["tiny"].replace(**kw))
+        tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+        lowered = nnx.jit(qwen.sequence_logits).lower(model, tokens, tokens)
+        return len(lowered.as_text())
+    assert hlo_size(num_layers=8) == hlo_size(num_layers=2)
+    assert hlo_size(num_layers=8, scan_layers=False) > 3 * hlo_size(num_layers=2, scan_layers=False)
 
 
 def test_bfloat16_close_to_float32():

@@ -267,3 +267,20 @@ def test_first_mini_batch_is_on_policy_at_any_temperature():
     assert abs(first[0]["approx_kl"]) < 1e-6 and first[0]["clip_frac"] == 0
     with pytest.raises(ValueError, match="temperature 0.7"):
         LearnerConfig(temperature=0.7, recompute_old_logp=False)
+
+
+def test_float32_master_weights_keep_small_updates():
+    """bfloat16 compute at lr 1e-6: with float32 parameters nearly every weight moves; stored in
+    bfloat16, the same updates round away (the issue's reason for master weights)."""
+    batch = random_batch()
+    changed = {}
+    for storage in ("float32", "bfloat16"):
+        _, m = models.load("tiny", dtype="bfloat16", param_dtype=storage, seed=0)
+        before = params(m)
+        Learner(m, LearnerConfig(learning_rate=1e-6, recompute_old_logp=False)).update(batch)
+        after = params(m)
+        moved = sum(int((before[k] != after[k]).sum()) for k in before)
+        changed[storage] = moved / sum(a.size for a in before.values())
+    print(f"share of weights changed by one step at lr 1e-6: {changed}")
+    assert changed["float32"] >= 0.99
+    assert changed["bfloat16"] < 0.1
