@@ -48,7 +48,7 @@ def get_config(arg=None):
     c.model.update(checkpoint="tiny", dtype="float32", remat="none", scan_layers=False)
     c.sampler.max_batch = 0
     c.model.overrides.update(num_layers=2, embed_dim=128, mlp_dim=320, num_heads=4,
-                             num_kv_heads=4, head_dim=32)
+                             num_kv_heads=4, head_dim=32, attention_block=0)
     # Prompts as the tiny policy reads them: Markov observations, no history, no admissible list.
     c.prompt.update(history_length=0, show_admissible=False, require_think=False, instruction="",
                     max_prompt_tokens=None)

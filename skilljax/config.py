@@ -27,7 +27,8 @@ OPEN = ("env.kwargs", "env.task_options", "sft.task_options")
 _MODEL_FIELDS = dict(vocab_size=int, embed_dim=int, mlp_dim=int, num_layers=int, num_heads=int,
                      num_kv_heads=int, head_dim=int, model_type=str, rope_theta=float,
                      rms_norm_eps=float, tie_embeddings=bool, qkv_bias=bool, out_bias=bool,
-                     qk_norm=bool, max_position_embeddings=int, initializer_range=float)
+                     qk_norm=bool, max_position_embeddings=int, initializer_range=float,
+                     attention_block=int)
 
 
 def base_config() -> ml_collections.ConfigDict:

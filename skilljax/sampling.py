@@ -214,7 +214,7 @@ def _prefill(graphdef, state, cache, tokens_BP, mask_BP):
     valid_BS = jnp.zeros((tokens_BP.shape[0], s), bool).at[:, :p].set(mask_BP.astype(bool))
     causal_PS = jnp.arange(s)[None, :] <= jnp.arange(p)[:, None]
     h_BPD, cache = model.hidden(tokens_BP, positions_BP, causal_PS[None] & valid_BS[:, None, :],
-                                cache, jnp.int32(0))
+                                cache, 0)  # a Python 0: a prefill (the cache is empty)
     return model.logits(h_BPD[:, -1:])[:, 0], cache
 
 
@@ -470,40 +470,40 @@ class Sampler:
                                if params.return_sampling_logprobs else None),
         )
 
-    def decode_collectives(self, batch: int, prompt_len: int, max_new_tokens: int) -> dict[str, int]:
-        """Collective ops (all-gather, all-reduce, ...) in the compiled decode loop at this shape:
-        what decoding moves between devices at every token."""
+    def lower(self, batch: int, prompt_len: int, max_new_tokens: int):
+        """(prefill, decode) lowered at this request shape from abstract arguments, without
+        allocating anything: for memory plans and collective counts (`.compile()` them)."""
         b, p, n = self._batch_bucket(batch), bucket_length(prompt_len), bucket_length(max_new_tokens)
-        lowered = self._decode.lower(self.graphdef, *self._decode_abstract(b, p, n), n, self.max_top_k)
-        return count_collectives(lowered.compile().as_text())
-
-    def _decode_abstract(self, b: int, p: int, n: int):
-        """Abstract arguments of `_decode` (after graphdef) at batch b, prompt p, generation n."""
-        _, abstract = nnx.split(qwen.abstract_model(self.cfg, self.layout))
-        state = jax.tree.map(lambda v: v, abstract.to_pure_dict())
-        if self.layout is not None:
-            shardings = shd.state_shardings(abstract, self.layout).to_pure_dict()
-            state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                                 state, shardings)
-        cache = jax.eval_shape(lambda: qwen.init_cache(self.cfg, self.layout, b, p + n,
-                                                       self.cache_dtype))
-        if self.layout is not None:
-            axes = ("layers", "batch", "act_kv_heads", "seq", "head_dim")
-            cache = jax.tree.map(lambda a: jax.ShapeDtypeStruct(
-                a.shape, a.dtype, sharding=self.layout.sharding(a.shape, axes)), cache)
 
         def arr(shape, dtype, axes):
             sharding = None if self.layout is None else self.layout.sharding(shape, axes)
             return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-        v = self.cfg.vocab_size
+
+        _, abstract = nnx.split(qwen.abstract_model(self.cfg, self.layout))
+        shardings = (None if self.layout is None
+                     else shd.state_shardings(abstract, self.layout).to_pure_dict())
+        state = jax.tree.map(lambda a, sh=None: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                             abstract.to_pure_dict(), *([shardings] if shardings else []))
+        cache_axes = ("layers", "batch", "act_kv_heads", "seq", "head_dim")
+        cache_shape = (self.cfg.num_layers, b, self.cfg.num_kv_heads, p + n, self.cfg.head_dim)
+        cache_dtype = self.cache_dtype or qwen.DTYPES[self.cfg.dtype]
+        cache = qwen.LayerCache(*(arr(cache_shape, cache_dtype, cache_axes) for _ in range(2)))
+        tokens, mask = arr((b, p), jnp.int32, ("batch", "seq")), arr((b, p), jnp.int32, ("batch", "seq"))
         key_words = jax.random.key_data(jax.random.key(0)).shape[-1]
-        knobs = _Knobs(*(jax.ShapeDtypeStruct((), d) for d in
-                         (jnp.float32, jnp.float32, jnp.int32)),
-                       jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32),
-                       jax.ShapeDtypeStruct((), jnp.int32))
-        return (state, cache, arr((b, v), jnp.float32, ("batch", "act_vocab")),
-                arr((b, p), jnp.int32, ("batch", "seq")), arr((b,), jnp.bool_, ("batch",)),
-                arr((b, key_words), jnp.uint32, ("batch", None)), knobs)
+        scalar = lambda d: jax.ShapeDtypeStruct((), d)
+        knobs = _Knobs(scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32),
+                       jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32), scalar(jnp.int32))
+        prefill = self._prefill.lower(self.graphdef, state, cache, tokens, mask)
+        decode = self._decode.lower(
+            self.graphdef, state, cache, arr((b, self.cfg.vocab_size), jnp.float32, ("batch", "act_vocab")),
+            mask, arr((b,), jnp.bool_, ("batch",)), arr((b, key_words), jnp.uint32, ("batch", None)),
+            knobs, n, self.max_top_k)
+        return prefill, decode
+
+    def decode_collectives(self, batch: int, prompt_len: int, max_new_tokens: int) -> dict[str, int]:
+        """Collective ops (all-gather, all-reduce, ...) in the compiled decode loop at this shape:
+        what decoding moves between devices at every token."""
+        return count_collectives(self.lower(batch, prompt_len, max_new_tokens)[1].compile().as_text())
 
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")

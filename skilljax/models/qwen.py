@@ -70,6 +70,9 @@ class QwenConfig:
     dtype: str = "float32"  # compute dtype
     remat: str = "none"  # REMAT_POLICIES; True/False are read as "full"/"none"
     scan_layers: bool = True
+    # Queries attend in blocks of this many positions when a pass has more (and a multiple):
+    # scores of one block at a time, [B, N, block, S], instead of [B, N, T, S]. 0 = never.
+    attention_block: int = 512
     lora_rank: int = 0  # 0: no adapters
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = LORA_TARGETS
@@ -392,6 +395,38 @@ def _project_in(x_BTD, w_DNH):
     return jnp.einsum("BTD,DF->BTF", x_BTD, w_DNH.reshape(d, n * h))
 
 
+def _attend(q_BTKGH, segments, dt):
+    """Grouped-query attention of T queries over key segments [(k_BKSH, v_BKSH, mask_BTS), ...]
+    (one softmax over all of them): out [B, T, K, G, H]."""
+    b, t, kv, g, h = q_BTKGH.shape
+    # Decode with grouped queries (G > 1): multiply-and-reduce over (B, K, G, S, H) fuses into
+    # one loop and beats a batched dot over B×K tiny matrices ~2× on XLA:CPU. With G = 1 the
+    # same expression runs 20-50× slower than the dot (measured at B 8-64, S 80-1024).
+    reduce = t == 1 and g > 1
+    logits = []
+    for k_BKSH, _, mask_BTS in segments:
+        if reduce:
+            q_BKGH = q_BTKGH[:, 0].astype(jnp.float32)
+            logits_BKGTS = (jnp.sum(q_BKGH[:, :, :, None] * k_BKSH[:, :, None], axis=-1)
+                            * (h ** -0.5))[:, :, :, None]
+        else:
+            logits_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, k_BKSH,
+                                      preferred_element_type=jnp.float32) * (h ** -0.5)
+        logits.append(jnp.where(mask_BTS[:, None, None], logits_BKGTS, jnp.finfo(jnp.float32).min))
+    sizes = [x.shape[-1] for x in logits]
+    probs_BKGTS = jax.nn.softmax(jnp.concatenate(logits, axis=-1) if len(logits) > 1 else logits[0],
+                                 axis=-1).astype(dt)
+    out_BTKGH, start = 0, 0
+    for (_, v_BKSH, _), size in zip(segments, sizes):
+        p_BKGTS = probs_BKGTS[..., start:start + size] if len(sizes) > 1 else probs_BKGTS
+        start += size
+        if reduce:
+            out_BTKGH += jnp.sum(p_BKGTS[:, :, :, 0, :, None] * v_BKSH[:, :, None], axis=-2)[:, None]
+        else:
+            out_BTKGH += jnp.einsum("BKGTS,BKSH->BTKGH", p_BKGTS, v_BKSH)
+    return out_BTKGH
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: QwenConfig, layout: shd.Layout | None, *, rngs: nnx.Rngs):
         pd, std = DTYPES[cfg.param_dtype], cfg.initializer_range
@@ -411,9 +446,13 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
             self.k_norm = RMSNorm(h, cfg.rms_norm_eps, param_dtype=pd)
 
-    def __call__(self, x_BTD, rope: Rope, mask_BTS, cache: LayerCache | None, cache_index, layer):
-        """`cache`: every layer's; this one (index `layer`) writes its keys and values at
-        position `cache_index` and attends over its slice."""
+    def __call__(self, x_BTD, rope: Rope, mask_BTS, cache: tuple | None, cache_index):
+        """Self-attention; with `cache` = this layer's (k_BKSH, v_BKSH) as they were before this
+        pass, the queries also see the cached keys at slots < `cache_index` (`mask_BTS` indexes
+        slots: this pass's tokens sit at cache_index, cache_index + 1, ...). Returns the output
+        and this pass's keys and values (k_BKTH, v_BKTH), which the caller writes to the cache:
+        the cache is only read here, so the decode loop updates it in place without a copy.
+        `cache_index` 0 as a Python int (a prefill) skips the empty cache."""
         cfg, dt = self.cfg, DTYPES[self.cfg.dtype]
         b, t, _ = x_BTD.shape
         n, kv, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -430,45 +469,36 @@ class Attention(nnx.Module):
             q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
         q_BTNH, k_BTKH = apply_rope(q_BTNH, rope), apply_rope(k_BTKH, rope)
         q_BTNH = shd.constrain(q_BTNH, ("batch", "seq", "act_heads", "head_dim"), self.layout)
-
         k_BKTH, v_BKTH = k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3)
-        if cache is not None:
-            zero = jnp.int32(0)
-            start = (jnp.asarray(layer, jnp.int32), zero, zero, jnp.asarray(cache_index, jnp.int32),
-                     zero)
-            write = lambda buf, x: jax.lax.dynamic_update_slice(buf, x[None].astype(buf.dtype), start)
-            cache = LayerCache(write(cache.k_LBKSH, k_BKTH), write(cache.v_LBKSH, v_BKTH))
-            read = lambda buf: jax.lax.dynamic_index_in_dim(buf, layer, 0, keepdims=False)
-            k_BKSH, v_BKSH = read(cache.k_LBKSH), read(cache.v_LBKSH)
-        else:
-            k_BKSH, v_BKSH = k_BKTH, v_BKTH
+        if cache is not None:  # cached dtype: what later passes will read back
+            k_BKTH, v_BKTH = k_BKTH.astype(cache[0].dtype), v_BKTH.astype(cache[1].dtype)
 
+        own_mask_BTT = mask_BTS
+        segments = []
+        if cache is not None:
+            own_mask_BTT = jax.lax.dynamic_slice_in_dim(mask_BTS, cache_index, t, axis=2)
+            if not (isinstance(cache_index, int) and cache_index == 0):
+                old_mask_BTS = mask_BTS & (jnp.arange(mask_BTS.shape[-1]) < cache_index)
+                segments.append((cache[0].astype(dt), cache[1].astype(dt), old_mask_BTS))
         q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
-        k_BKSH, v_BKSH = k_BKSH.astype(dt), v_BKSH.astype(dt)
-        # Decode with grouped queries (G > 1): multiply-and-reduce over (B, K, G, S, H) fuses into
-        # one loop and beats a batched dot over B×K tiny matrices ~2× on XLA:CPU. With G = 1 the
-        # same expression runs 20-50× slower than the dot (measured at B 8-64, S 80-1024).
-        reduce = t == 1 and n // kv > 1
-        if reduce:
-            q_BKGH = q_BTKGH[:, 0].astype(jnp.float32)
-            logits_BKGTS = (jnp.sum(q_BKGH[:, :, :, None] * k_BKSH[:, :, None], axis=-1)
-                            * (h ** -0.5))[:, :, :, None]
+        own = (k_BKTH.astype(dt), v_BKTH.astype(dt))
+        block = cfg.attention_block
+        if block and t > block and t % block == 0 and not segments:
+            # One query block at a time (recomputed in the backward pass): the [.., T, S] scores
+            # of a long prefill or training sequence never exist at once.
+            nb = t // block
+            split = lambda x: x.reshape(b, nb, block, *x.shape[2:]).swapaxes(0, 1)
+            attend = jax.checkpoint(lambda xs: _attend(xs[0], [(*own, xs[1])], dt))
+            out_BTKGH = jax.lax.map(attend, (split(q_BTKGH), split(own_mask_BTT)))
+            out_BTKGH = out_BTKGH.swapaxes(0, 1).reshape(b, t, kv, n // kv, h)
         else:
-            logits_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, k_BKSH,
-                                      preferred_element_type=jnp.float32) * (h ** -0.5)
-        logits_BKGTS = jnp.where(mask_BTS[:, None, None], logits_BKGTS, jnp.finfo(jnp.float32).min)
-        probs_BKGTS = jax.nn.softmax(logits_BKGTS, axis=-1).astype(dt)
-        if reduce:
-            out_BTKGH = jnp.sum(probs_BKGTS[:, :, :, 0, :, None] * v_BKSH[:, :, None], axis=-2
-                                )[:, None]
-        else:
-            out_BTKGH = jnp.einsum("BKGTS,BKSH->BTKGH", probs_BKGTS, v_BKSH)
+            out_BTKGH = _attend(q_BTKGH, segments + [(*own, own_mask_BTT)], dt)
         out_BTF = out_BTKGH.reshape(b, t, n * h)
         o_FD = self.o[...].astype(dt).reshape(n * h, -1)
         y_BTD = _lora(self, "o", out_BTF, jnp.einsum("BTF,FD->BTD", out_BTF, o_FD))
         if cfg.out_bias:
             y_BTD += self.o_bias[...].astype(dt)
-        return y_BTD, cache
+        return y_BTD, (None if cache is None else (k_BKTH, v_BKTH))
 
 
 class MLP(nnx.Module):
@@ -498,11 +528,11 @@ class DecoderLayer(nnx.Module):
         self.mlp = MLP(cfg, layout, rngs=rngs)
         self.layout = layout
 
-    def __call__(self, x_BTD, rope, mask_BTS, cache, cache_index, layer):
-        y_BTD, cache = self.attn(self.attn_norm(x_BTD), rope, mask_BTS, cache, cache_index, layer)
+    def __call__(self, x_BTD, rope, mask_BTS, cache, cache_index):
+        y_BTD, new_kv = self.attn(self.attn_norm(x_BTD), rope, mask_BTS, cache, cache_index)
         x_BTD = x_BTD + y_BTD
         x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
-        return shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout), cache
+        return shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout), new_kv
 
 
 def _stacked(modules: list[nnx.Module]) -> nnx.Module:
@@ -562,19 +592,27 @@ class Qwen(nnx.Module):
         rope = rope_tables(cfg, positions_BT)
         graphdef, layers = nnx.split(self.layers)
 
-        def run(x_BTD, layer_state, i, cache):
-            return nnx.merge(graphdef, layer_state)(x_BTD, rope, mask_BTS, cache, cache_index, i)
+        def run(x_BTD, layer_state, layer_cache):
+            return nnx.merge(graphdef, layer_state)(x_BTD, rope, mask_BTS, layer_cache, cache_index)
 
         if cfg.remat != "none" and cache is None:  # remat matters only under differentiation
             run = jax.checkpoint(run, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
-        if cfg.scan_layers:
-            def body(carry, xs):
-                return run(*carry[:1], *xs, carry[1]), None
-            (x_BTD, cache), _ = jax.lax.scan(
-                body, (x_BTD, cache), (layers, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+        if cfg.scan_layers:  # each layer reads its cache slice; its new keys and values come out
+            def body(x_BTD, xs):
+                layer_state, layer_cache = xs
+                return run(x_BTD, layer_state, layer_cache)
+            x_BTD, new_kv = jax.lax.scan(body, x_BTD, (layers, None if cache is None else tuple(cache)))
         else:
+            outs = []
             for i in range(cfg.num_layers):
-                x_BTD, cache = run(x_BTD, jax.tree.map(lambda a: a[i], layers), i, cache)
+                x_BTD, kv = run(x_BTD, jax.tree.map(lambda a: a[i], layers),
+                                None if cache is None else (cache.k_LBKSH[i], cache.v_LBKSH[i]))
+                outs.append(kv)
+            new_kv = None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        if cache is not None:  # one write of every layer's new entries, after all reads
+            start = (0, 0, 0, jnp.asarray(cache_index, jnp.int32), 0)
+            cache = LayerCache(*(jax.lax.dynamic_update_slice(buf, new, start)
+                                 for buf, new in zip(cache, new_kv)))
         return self.final_norm(x_BTD), cache
 
     def logits(self, h_BTD) -> jax.Array:

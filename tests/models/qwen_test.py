@@ -44,8 +44,9 @@ def test_seed_changes_weights():
     assert not np.allclose(params(a)["layers.0.mlp.up"], params(b)["layers.0.mlp.up"])
 
 
-def test_kv_cache_prefill_then_decode_equals_full_forward():
-    cfg, model = models.load("tiny", remat=False)
+@pytest.mark.parametrize("block", [0, 4])  # 4: the 8-token prefill attends in two query blocks
+def test_kv_cache_prefill_then_decode_equals_full_forward(block):
+    cfg, model = models.load("tiny", remat=False, attention_block=block)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 10)))
     mask = jnp.ones_like(tokens).at[1, :3].set(0)  # row 1 left-padded
@@ -56,7 +57,7 @@ def test_kv_cache_prefill_then_decode_equals_full_forward():
     valid_S = jnp.zeros((2, s), bool).at[:, :10].set(mask.astype(bool))
     cache = model.init_cache(2, s)
     call = nnx.jit(lambda m, *args: m(*args))
-    t0 = 7
+    t0 = 8
     causal = jnp.arange(s)[None, None, :] <= jnp.arange(t0)[None, :, None]
     logits, cache = call(model, tokens[:, :t0], positions[:, :t0], causal & valid_S[:, None, :],
                          cache, jnp.int32(0))
@@ -71,14 +72,14 @@ def test_kv_cache_prefill_then_decode_equals_full_forward():
     assert rel_err(np.asarray(cached)[real], np.asarray(full)[real]) <= 1e-5
 
 
-@pytest.mark.parametrize("variant", [dict(remat="full"), dict(remat="dots"),
+@pytest.mark.parametrize("variant", [dict(remat="full"), dict(remat="dots"), dict(attention_block=2),
                                      dict(scan_layers=False), dict(scan_layers=False, remat="full")])
 def test_scan_and_remat_same_values_and_grads(variant):
     """Scanned vs unrolled layers and every remat policy compute the same loss and gradients."""
-    _, plain = models.load("tiny")  # scanned, no remat
-    _, other = models.load("tiny", **variant)
+    _, plain = models.load("tiny", attention_block=0)  # scanned, no remat, one attention block
+    _, other = models.load("tiny", **{"attention_block": 0, **variant})
     assert plain.cfg.scan_layers and other.cfg.replace(**variant) == other.cfg
-    tokens = jnp.asarray([[1, 2, 3, 4, 5, 6]])
+    tokens = jnp.asarray([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]])
 
     def loss(model):
         return jnp.mean(qwen.forward(model, tokens, jnp.ones_like(tokens)) ** 2)
