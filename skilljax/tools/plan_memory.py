@@ -198,11 +198,32 @@ def table(p: dict) -> str:
     return "\n".join(f"{k:<16} {v}" for k, v in rows)
 
 
+def summary(directory) -> str:
+    """A markdown table of the plans saved as DIR/*.json (their last-line JSON)."""
+    from pathlib import Path
+    lines = ["| plan | params (trained) | train | prefill | decode | sampling peak | compile (train) |",
+             "|---|---|---|---|---|---|---|"]
+    for f in sorted(Path(directory).glob("*.json")):
+        p = json.loads(f.read_text())
+        gb = lambda k: f"{p[k] / GB:.1f} GB"
+        lines.append(f"| {f.stem} | {p['params'] / 1e9:.2f} B ({p['trainable_params'] / 1e9:.3f} B) "
+                     f"| {gb('train_bytes_per_device')} | {gb('prefill_bytes_per_device')} "
+                     f"| {gb('decode_bytes_per_device')} | {gb('sampling_peak_bytes_per_device')} "
+                     f"| {p['train_compile_s']:.1f} s |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="configs/x.py[:arg]; checkpoint= may be a preset")
-    p.add_argument("--mesh", required=True, help="e.g. fsdp=8 or data=2,fsdp=4")
+    p.add_argument("--config", help="configs/x.py[:arg]; checkpoint= may be a preset")
+    p.add_argument("--mesh", help="e.g. fsdp=8 or data=2,fsdp=4")
+    p.add_argument("--summary", metavar="DIR", help="print a table of the plans saved in DIR/*.json")
     args, overrides = p.parse_known_args(argv)
+    if args.summary:
+        print(summary(args.summary))
+        return
+    if not (args.config and args.mesh):
+        p.error("--config and --mesh are required (or --summary DIR)")
     # Fake CPU devices for the mesh; set before JAX starts.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     request_host_devices(args.mesh)
