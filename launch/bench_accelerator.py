@@ -98,7 +98,6 @@ def bench_decode(preset: str, batch: int, prompt_len: int, new_tokens: int, dtyp
 
 
 def bench_train(preset: str, rows: int, seq_len: int, remat: str, dtype: str) -> dict:
-    import jax
     import numpy as np
 
     from skilljax import models

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import ml_collections
+from etils import epath
 
 # ---------------------------------------------------------------------------- the schema
 
@@ -287,18 +288,19 @@ def to_dict(config: ml_collections.ConfigDict) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
-def write_json(path: Path, obj) -> None:
-    """Write JSON through a temporary file and a rename: a crash never leaves half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+def write_json(path, obj) -> None:
+    """Write JSON through a temporary file and a rename: a crash never leaves half a file.
+    `path` may be local or remote (`etils.epath`, e.g. gs://)."""
+    path = epath.Path(path)
+    tmp = path.parent / (path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    tmp.replace(path)
 
 
 def workdir_config(workdir, overrides: list[str] | None = None) -> ml_collections.ConfigDict:
     """The resolved config a run wrote to `WORKDIR/config.json`, with `--config.a.b=v` overrides
     (e.g. evaluation settings)."""
-    path = Path(workdir) / "config.json"
+    path = epath.Path(workdir) / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: is {workdir} a skilljax.train workdir? Runs "
                                 f"write their config there when they start; for an older run "

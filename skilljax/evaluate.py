@@ -18,10 +18,10 @@ import argparse
 import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import jax
 import numpy as np
+from etils import epath
 
 from skilljax import config as config_lib
 from skilljax import distributed
@@ -108,7 +108,7 @@ def evaluate_run(run: Run, contexts: Mapping[str, str] | None, rng: jax.Array, *
 def evaluate_workdir(workdir, config=None, step: int | None = None) -> dict:
     """The eval block of a trained workdir's checkpoint (the latest, or `step`), written to
     `WORKDIR/eval_<step>.json`. `config`: the run's config (default: `WORKDIR/config.json`)."""
-    workdir = Path(workdir)
+    workdir = epath.Path(workdir)
     config = config if config is not None else config_lib.workdir_config(workdir)
     run = build_run(config, workdir, train_tokenizer=False)
     try:

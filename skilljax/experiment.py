@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from etils import epath
 
 from skilljax import distributed, models
 from skilljax import sharding as shd
@@ -185,7 +186,7 @@ def _tokenizer(c, workdir: Path, pool, bank, fmt, train_tasks, *, train: bool) -
 def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
     """Build everything a run needs from config `c` in `workdir` (created if missing). Without
     `train_tokenizer`, a workdir with no tokenizer (and no other source of one) is an error."""
-    workdir = Path(workdir)
+    workdir = epath.Path(workdir)  # local or remote (gs://...)
     workdir.mkdir(parents=True, exist_ok=True)
     if c.mesh and not distributed.active():  # a launcher sets devices per process
         from skilljax.tools import request_host_devices

@@ -2,7 +2,8 @@
 
 `DIR/metrics.jsonl` gets one JSON object per step (`{"step": n, ...}`), flushed at once so a
 crash loses nothing already written. On resume, lines for steps at or after the resumed step are
-dropped first, so the file never holds two histories.
+dropped first, so the file never holds two histories. `DIR` is an `etils.epath` path: local, or
+`gs://...` (object stores cannot append, so there the file is rewritten whole at every step).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+from etils import epath
 
 
 def _scalar(v: Any) -> float | int | None:
@@ -35,16 +37,20 @@ class MetricsWriter:
     def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True,
                  wandb_project: str | None = None, config: Mapping | None = None,
                  resume_step: int | None = None):
-        self.workdir = Path(workdir)
+        self.workdir = epath.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / "metrics.jsonl"
-        if resume_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if (row := _row(line)) is not None and row.get("step", -1) < resume_step]
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
-        self._file = open(self.path, "a")
+        self._lines: list[str] = []
+        if self.path.exists():
+            self._lines = [line for line in self.path.read_text().splitlines()
+                           if (row := _row(line)) is not None
+                           and (resume_step is None or row.get("step", -1) < resume_step)]
+            if resume_step is not None:
+                tmp = self.path.parent / (self.path.name + ".tmp")
+                tmp.write_text("".join(line + "\n" for line in self._lines))
+                tmp.replace(self.path)
+        self._local = is_local(self.path)
+        self._file = self.path.open("a") if self._local else None
         self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
@@ -68,19 +74,30 @@ class MetricsWriter:
             if s is not None and math.isfinite(s):
                 if self._tb is not None:
                     self._tb.add_scalar(k, s, step)
-        self._file.write(json.dumps(record, default=str) + "\n")
-        self._file.flush()
+        line = json.dumps(record, default=str)
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        else:  # no appending on object stores: the whole file again
+            self._lines.append(line)
+            self.path.write_text("".join(x + "\n" for x in self._lines))
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in record.items() if k != "step"}, step=step)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
 
 
+def is_local(path) -> bool:
+    """True for a path on this machine's file system (not gs://, s3://, ...)."""
+    return "://" not in os.fspath(path)
+
+
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:
-    path = Path(workdir) / "metrics.jsonl"
+    path = epath.Path(workdir) / "metrics.jsonl"
     return [row for line in path.read_text().splitlines() if (row := _row(line)) is not None]

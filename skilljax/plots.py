@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import io
 import json
-from pathlib import Path
+from etils import epath
 
 from skilljax.metrics import read_metrics
 
@@ -23,8 +24,8 @@ def _pyplot():
     return plt
 
 
-def write_all(workdir) -> list[Path]:
-    workdir = Path(workdir)
+def write_all(workdir) -> list:
+    workdir = epath.Path(workdir)  # local or remote (gs://...)
     rows = read_metrics(workdir) if (workdir / "metrics.jsonl").exists() else []
     out_dir = workdir / "plots"
     out_dir.mkdir(exist_ok=True)
@@ -36,7 +37,9 @@ def write_all(workdir) -> list[Path]:
     def save(fig, name):
         path = out_dir / name
         fig.tight_layout()
-        fig.savefig(path, dpi=110)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        path.write_bytes(buf.getvalue())
         plt.close(fig)
         written.append(path)
 

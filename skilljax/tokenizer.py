@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import tokenizers
+from etils import epath
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
@@ -46,7 +46,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
-        path = Path(path)
+        path = epath.Path(path)  # local or remote (gs://...)
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.exists():
             raise FileNotFoundError(f"No tokenizer.json at {path}. Point at the checkpoint directory "
@@ -58,7 +58,7 @@ class Tokenizer:
         def token(key, default):
             value = config.get(key) or default
             return value["content"] if isinstance(value, Mapping) else value
-        return cls(tokenizers.Tokenizer.from_file(str(file)),
+        return cls(tokenizers.Tokenizer.from_str(file.read_text()),
                    eos_token=token("eos_token", IM_END), pad_token=token("pad_token", ENDOFTEXT))
 
     @property
@@ -113,11 +113,11 @@ class Tokenizer:
                             for t in extra_tokens])
         return cls(tok)
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """tokenizer.json + tokenizer_config.json (readable by `transformers` too)."""
-        path = Path(path)
+    def save(self, path: str | os.PathLike):
+        """tokenizer.json + tokenizer_config.json (readable by `transformers` too), local or remote."""
+        path = epath.Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.tok.save(str(path / "tokenizer.json"))
+        (path / "tokenizer.json").write_text(self.tok.to_str(pretty=True))  # as Tokenizer.save
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eos_token,
                   "pad_token": self.pad_token, "bos_token": None, "unk_token": None,
                   "add_bos_token": False, "clean_up_tokenization_spaces": False,

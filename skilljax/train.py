@@ -19,11 +19,11 @@ import argparse
 import json
 import os
 import time
-from pathlib import Path
 
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 
 from skilljax import config as config_lib
 from skilljax import distributed, rewards
@@ -52,7 +52,7 @@ class _NoMetrics:
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
-    c, workdir = config, Path(workdir)
+    c, workdir = config, epath.Path(workdir)  # local or remote (gs://...)
     t_start = time.time()
     print(f"skilljax.train: workdir {workdir}", flush=True)
 
@@ -101,8 +101,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                 == (workdir / "tokenizer" / "tokenizer.json").read_bytes()):
             state.warm_start = warm_start.load(entry, run)
         else:
-            with open(workdir / "sft_metrics.jsonl" if distributed.is_main() else os.devnull,
-                      "w") as sft_log:
+            with (workdir / "sft_metrics.jsonl" if distributed.is_main()
+                  else epath.Path(os.devnull)).open("w") as sft_log:
                 state.warm_start = warm_start.run(run, lambda s, m: (
                     sft_log.write(json.dumps(m) + "\n"), sft_log.flush(),
                     print(f"warm start {s}/{c.sft.steps}: loss {m['loss']:.4f}", flush=True)))

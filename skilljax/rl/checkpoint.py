@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,28 @@ def _load(node: nnx.Module | nnx.Optimizer, pure: dict, *filters) -> None:
     nnx.update(node, state)
 
 
+def _check_params(restored: dict, directory, step: int) -> None:
+    """Every parameter came from the checkpoint: a partial restore leaves the ones the checkpoint
+    lacks as abstract shapes, which would silently keep the model's initial values."""
+    missing = ["/".join(str(getattr(p, "key", p)) for p in path)
+               for path, v in jax.tree_util.tree_flatten_with_path(restored)[0]
+               if not isinstance(v, jax.Array)]
+    if missing:
+        raise CheckpointError(
+            f"Step {step} in {directory} lacks parameters of this model: {missing[:6]}"
+            + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else "")
+            + ". Checkpoints written before skilljax stored layers stacked (per-layer keys "
+              "layers/0/...) are read by that version only: export them there "
+              "(python -m skilljax.tools.export_hf) and load the HF directory; otherwise the "
+              "checkpoint belongs to another model config.")
+
+
 class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
                  async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        # Local or remote (gs://...): orbax writes through etils.epath either way.
+        self.directory = (epath.Path(os.path.abspath(directory)) if "://" not in os.fspath(directory)
+                          else epath.Path(directory))
         self.manager = ocp.CheckpointManager(
             self.directory, options=ocp.CheckpointManagerOptions(
                 max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True))
@@ -146,6 +165,8 @@ class Checkpointer:
                 log.warning("Checkpoint step %d in %s is unreadable (%s); trying an older one.",
                             s, self.directory, e)
                 continue
+            if optimizer is None:
+                _check_params(restored["params"], self.directory, s)
             _load(model, restored["params"], nnx.Param)
             if optimizer is not None:
                 _load(optimizer, restored["optimizer"])

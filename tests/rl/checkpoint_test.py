@@ -105,3 +105,26 @@ def test_params_only_restore(tmp_path):
 def nnx_params(model):
     from flax import nnx
     return nnx.state(model, nnx.Param)
+
+
+def test_parameters_the_checkpoint_lacks_are_an_error_not_a_silent_init(tmp_path):
+    """Reading parameters only (evaluation, export) restores partially; a parameter the
+    checkpoint does not hold must not keep its initial value silently. Here: a checkpoint in the
+    layout before layers were stacked (layers/0/..., layers/1/...)."""
+    import jax
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    from skilljax import models
+    from skilljax.rl.checkpoint import CheckpointError, Checkpointer
+    _, model = models.load("tiny")
+    pure = nnx.state(model, nnx.Param).to_pure_dict()
+    stacked = pure.pop("layers")
+    pure["layers"] = {str(i): jax.tree.map(lambda a: a[i], stacked) for i in range(2)}
+    ckpt = Checkpointer(tmp_path / "c", async_save=False)
+    ckpt.manager.save(1, args=ocp.args.Composite(
+        arrays=ocp.args.StandardSave({"params": pure}),
+        host=ocp.args.JsonSave({"host_state": {}, "has_rng": False, "rng_impl": None})))
+    ckpt.close()
+    with pytest.raises(CheckpointError, match="lacks parameters of this model.*export them"):
+        Checkpointer(tmp_path / "c").restore(model)  # as evaluate / export_hf read it
