@@ -55,7 +55,7 @@ def test_schema_is_locked_and_checked():
     config_lib.check_schema(c)
     c.model.unlock()
     c.model.overrides = {"num_layers": 2}  # replaced a section instead of updating it
-    with pytest.raises(ValueError, match="missing keys: model.overrides.embed_dim"):
+    with pytest.raises(ValueError, match="missing keys: model.overrides.attention_block, model.overrides.embed_dim"):
         config_lib.check_schema(c)
     c = config_lib.base_config()
     c.unlock()
