@@ -317,13 +317,10 @@ class Sampler:
 
     def _take_cache(self, b: int, s: int) -> qwen.LayerCache:
         """The held cache when it has this shape; otherwise it is freed and a new one made."""
-        held, self._cache = self._cache, None
-        if held is not None and held[0] == (b, s):
-            return held[1]
-        if held is not None:
-            for a in held[1]:
-                a.delete()
-        del held
+        if self._cache is not None and self._cache[0] == (b, s):
+            cache, self._cache = self._cache[1], None
+            return cache
+        self.release()
         return qwen.init_cache(self.cfg, self.layout, b, s, self.cache_dtype)
 
     def release(self) -> None:
