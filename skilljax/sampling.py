@@ -479,14 +479,10 @@ class Sampler:
             return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
         _, abstract = nnx.split(qwen.abstract_model(self.cfg, self.layout))
-        shardings = (None if self.layout is None
-                     else shd.state_shardings(abstract, self.layout).to_pure_dict())
-        state = jax.tree.map(lambda a, sh=None: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                             abstract.to_pure_dict(), *([shardings] if shardings else []))
-        cache_axes = ("layers", "batch", "act_kv_heads", "seq", "head_dim")
+        state = shd.abstract_state(abstract, self.layout).to_pure_dict()
         cache_shape = (self.cfg.num_layers, b, self.cfg.num_kv_heads, p + n, self.cfg.head_dim)
         cache_dtype = self.cache_dtype or qwen.DTYPES[self.cfg.dtype]
-        cache = qwen.LayerCache(*(arr(cache_shape, cache_dtype, cache_axes) for _ in range(2)))
+        cache = qwen.LayerCache(*(arr(cache_shape, cache_dtype, qwen.CACHE_AXES) for _ in range(2)))
         tokens, mask = arr((b, p), jnp.int32, ("batch", "seq")), arr((b, p), jnp.int32, ("batch", "seq"))
         key_words = jax.random.key_data(jax.random.key(0)).shape[-1]
         scalar = lambda d: jax.ShapeDtypeStruct((), d)

@@ -153,6 +153,20 @@ def state_shardings(state: Any, layout: Layout) -> Any:
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def abstract_state(state: Any, layout: Layout | None) -> Any:
+    """An abstract nnx.State (ShapeDtypeStruct values) whose values carry their shardings under
+    `layout`, from logical_axes metadata (replicated where a variable has none, e.g. an
+    optimizer's step count): arguments for ahead-of-time lowering. Unchanged without a layout."""
+    if layout is None:
+        return state
+
+    def one(v):
+        axes = v.get_metadata().get("logical_axes") or (None,) * len(v.shape)
+        return v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype,
+                                              sharding=layout.sharding(v.shape, axes)))
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None], layout: Layout | None) -> jax.Array:
     """with_sharding_constraint by logical axes; a no-op without a layout (single device)."""
     if layout is None:

@@ -334,6 +334,9 @@ def apply_rope(x_BTNH: jax.Array, rope: Rope) -> jax.Array:
 # ----------------------------------------------------------------------------- modules
 
 
+CACHE_AXES = ("layers", "batch", "act_kv_heads", "seq", "head_dim")  # of each LayerCache array
+
+
 class LayerCache(NamedTuple):
     """KV cache of every layer. Heads before positions: decode attention is then a plain batched
     matmul over (B, K)."""
@@ -644,8 +647,7 @@ def init_cache(cfg: QwenConfig, layout: shd.Layout | None, batch: int, length: i
     """A zero KV cache for every layer, created in place in its sharding."""
     shape = (cfg.num_layers, batch, cfg.num_kv_heads, length, cfg.head_dim)
     dtype = dtype or DTYPES[cfg.dtype]
-    axes = ("layers", "batch", "act_kv_heads", "seq", "head_dim")
-    sharding = None if layout is None else layout.sharding(shape, axes)
+    sharding = None if layout is None else layout.sharding(shape, CACHE_AXES)
     zeros = _zeros_fn(shape, jnp.dtype(dtype), sharding)
     return LayerCache(zeros(), zeros())
 

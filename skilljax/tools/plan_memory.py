@@ -63,20 +63,6 @@ def model_config(c):
     return qwen.PRESETS[c.model.checkpoint].replace(**overrides)
 
 
-def _abstract(tree, layout):
-    """Variables' ShapeDtypeStructs with their shardings (replicated where no axes are known)."""
-    import jax
-    from flax import nnx
-
-    from skilljax import sharding as shd
-
-    def one(v):
-        axes = v.get_metadata().get("logical_axes") or (None,) * len(v.shape)
-        return v.replace(jax.ShapeDtypeStruct(v.shape, v.dtype,
-                                              sharding=shd.Layout.sharding(layout, v.shape, axes)))
-    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
 def _compile(c, cfg, layout) -> dict:
     """Compile the learner's mini-batch step and the sampler's prefill and decode for model `cfg`
     at the shapes of config `c`: {name: (compiled, seconds)} plus the shapes and state bytes."""
@@ -85,6 +71,7 @@ def _compile(c, cfg, layout) -> dict:
     from flax import nnx
 
     from skilljax import experiment
+    from skilljax import sharding as shd
     from skilljax.models import qwen
     from skilljax.rl import learner as learner_lib
     from skilljax.rl.batch import Batch
@@ -101,8 +88,8 @@ def _compile(c, cfg, layout) -> dict:
     model, optimizer = nnx.eval_shape(build)
     model_def, model_state = nnx.split(model)
     opt_def, opt_state = nnx.split(optimizer)
-    model = nnx.merge(model_def, _abstract(model_state, layout))
-    optimizer = nnx.merge(opt_def, _abstract(opt_state, layout))
+    model = nnx.merge(model_def, shd.abstract_state(model_state, layout))
+    optimizer = nnx.merge(opt_def, shd.abstract_state(opt_state, layout))
     out["trainable_params"] = sum(v.size for _, v in nnx.state(model, qwen.trainable(cfg)).flat_state())
     prompt = c.prompt.max_prompt_tokens or cfg.max_position_embeddings - c.rl.max_new_tokens
     seq = bucket_length(prompt + c.rl.max_new_tokens)
