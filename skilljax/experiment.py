@@ -130,15 +130,21 @@ class Run:
         self.pool.close()
 
 
-def build_model(c, tok: Tokenizer, mesh=None):
-    """The policy the config describes (a preset sized by the tokenizer, or an HF checkpoint)."""
+def model_overrides(c) -> dict:
+    """The QwenConfig fields the config's `model` section sets (besides the compute dtype)."""
     overrides = {k: v for k, v in dict(c.model.overrides).items() if v is not None}
-    if not Path(c.model.checkpoint).is_dir():
-        overrides.setdefault("vocab_size", tok.vocab_size)
     lora = c.model.lora
     overrides.update(param_dtype=c.model.param_dtype, remat=c.model.remat,
                      scan_layers=c.model.scan_layers, lora_rank=lora.rank, lora_alpha=lora.alpha,
                      lora_targets=tuple(lora.targets))
+    return overrides
+
+
+def build_model(c, tok: Tokenizer, mesh=None):
+    """The policy the config describes (a preset sized by the tokenizer, or an HF checkpoint)."""
+    overrides = model_overrides(c)
+    if not Path(c.model.checkpoint).is_dir():
+        overrides.setdefault("vocab_size", tok.vocab_size)
     _, model = models.load(c.model.checkpoint, mesh, c.model.dtype, seed=c.seed, **overrides)
     if model.cfg.vocab_size < tok.vocab_size:
         raise ValueError(f"The model's vocabulary ({model.cfg.vocab_size}) is smaller than the "

@@ -49,12 +49,9 @@ def model_config(c):
     """The QwenConfig the run would build (a preset's or an HF directory's config.json)."""
     from pathlib import Path
 
+    from skilljax.experiment import model_overrides
     from skilljax.models import hf_io, qwen
-    overrides = {k: v for k, v in dict(c.model.overrides).items() if v is not None}
-    lora = c.model.lora
-    overrides.update(dtype=c.model.dtype, param_dtype=c.model.param_dtype, remat=c.model.remat,
-                     scan_layers=c.model.scan_layers, lora_rank=lora.rank, lora_alpha=lora.alpha,
-                     lora_targets=tuple(lora.targets))
+    overrides = dict(model_overrides(c), dtype=c.model.dtype)
     if Path(c.model.checkpoint).is_dir():
         return hf_io.read_config(c.model.checkpoint, **overrides)
     if c.model.checkpoint not in qwen.PRESETS:
