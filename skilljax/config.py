@@ -155,6 +155,49 @@ def base_config() -> ml_collections.ConfigDict:
         enabled=False,                # extract the dictionary from successes (and log it)
         **reuse_section("none"),
     )
+    c.evolution = dict(               # SkillForge (paper 002): catalog, skill calls, evolution
+        enabled=False,                # catalog in prompts, <skill> calls, per-skill evidence
+        initial_bank="",              # "" = empty; "env" = the env's markdown bank; a bank.json
+        evolve=True,                  # induction / reflexion every `every` steps (off: fixed bank)
+        general_k=6,                  # catalog: top general skills k_g
+        specific_k=6,                 # catalog: top skills of the task's type k_s
+        instruction=None,             # the catalog's calling instruction; None = the default
+        embedder="auto",              # "auto", "tfidf" or a sentence-transformers model dir
+        every=5,                      # I: steps between evolution steps
+        alpha=0.1,                    # EMA smoothing of p̂ (eq. 7)
+        half_life=20.0,               # usage half-life h of conf(s) (eq. 8)
+        max_new_skills=3,             # per induction call
+        induction=True,               # multi-pathway induction
+        contrastive=True,             # the contrastive pathway (off: extraction instead)
+        dedup=True,                   # drop induced skills that duplicate the bank
+        reflexion=True,               # keep / revise the highest-conf skills
+        types_per_induction=1,        # task types (most failures first) induced per evolution
+        abstract_per_type=4,          # episodes abstracted per task type and outcome
+        buffer_size=8,                # abstractions kept per task type and outcome
+        reflexion_top=2,              # skills reviewed per evolution step
+        reflexion_min_conf=0.05,      # ... with conf(s) at least this
+        review_after_uses=5,          # new uses before a skill is reviewed again
+        reflexion_contexts=3,         # usage episodes shown per review
+        dedup_lexical=0.8,            # word-overlap (Jaccard) threshold of deduplication
+        dedup_semantic=0.9,           # embedding-cosine threshold of deduplication
+        answer_retries=2,             # extra tries for a malformed teacher answer
+        domain="",                    # named in the teacher prompts
+        domain_rules="",              # domain guidance in the teacher prompts
+        teacher=dict(
+            kind="rule",              # rule, http, local, policy or replay
+            base_url="",              # http: OpenAI-compatible base URL (or $SKILLJAX_TEACHER_URL)
+            model="",                 # http: model name (or $SKILLJAX_TEACHER_MODEL)
+            api_key_env="OPENAI_API_KEY",  # http: environment variable holding the key
+            timeout_s=60.0,           # http: per request
+            retries=2,                # http: transport retries
+            concurrency=4,            # http: requests in flight
+            checkpoint="",            # local: HF directory of the teacher model
+            max_new_tokens=1024,      # local / policy / http: answer length
+            temperature=0.0,
+            replay_from="",           # replay: a run's skills/teacher_cache.jsonl
+            min_support=2,            # rule: successes that must share a pattern
+        ),
+    )
     c.checkpoint = dict(
         every=10,                     # RL steps between checkpoints
         keep=3,                       # checkpoints kept

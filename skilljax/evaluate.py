@@ -65,17 +65,19 @@ def _block(results, k: int) -> dict:
 def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequence[Task],
                     cfg: RolloutConfig, rng: jax.Array, *, contexts: Mapping[str, str] | None,
                     fmt, samples_per_task: int = 1, seeds: Sequence[int] = (0,),
-                    modes: Sequence[str] = ("with_skills", "without_skills")) -> dict:
+                    modes: Sequence[str] = ("with_skills", "without_skills"),
+                    catalog=None) -> dict:
     """{"with_skills": block, "without_skills": block}; blocks as the module docstring says.
 
     Every task is played `samples_per_task` times per seed (the rollout group), with the given
     skill contexts (task type → text) or none. When no task has skill text (skills off, as in
     ReuseRL runs), both modes are the same episodes: they are played once and both keys hold them.
+    A SkillForge `catalog` (skills.evolution.Catalog) is offered with skills only.
     In a multi-process run each process plays its share of the tasks (`distributed.shard`) and the
     shares are gathered, so every process returns the blocks of all tasks.
     """
     cfg = dataclasses.replace(cfg, group_size=samples_per_task)
-    same = not any(skill_text(contexts, t).strip() for t in tasks)
+    same = catalog is None and not any(skill_text(contexts, t).strip() for t in tasks)
     out = {}
     for mode in modes:
         if same and out:
@@ -87,7 +89,8 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
             mine = distributed.shard(len(tasks))
             local = rollout(sampler, tok, pool, tasks[mine.start:mine.stop], cfg, key,
                             seeds=[seed * 1_000_003 + i for i in mine], group_ids=mine,
-                            skill_context=contexts if mode == "with_skills" else None, fmt=fmt)
+                            skill_context=contexts if mode == "with_skills" else None, fmt=fmt,
+                            catalog=catalog if mode == "with_skills" else None)
             results.append(merge(distributed.allgather_objects(local)))
         out[mode] = _block(results, samples_per_task)
     return out
@@ -95,14 +98,15 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
 
 def evaluate_run(run: Run, contexts: Mapping[str, str] | None, rng: jax.Array, *,
                  tasks: Sequence[Task] | None = None, seeds: Sequence[int] | None = None,
-                 modes: Sequence[str] = ("with_skills", "without_skills")) -> dict:
+                 modes: Sequence[str] = ("with_skills", "without_skills"), catalog=None) -> dict:
     """`evaluate_policy` with a run's policy, pool and evaluation settings (`eval.*`): its test
     tasks and `eval.seeds` seeds unless `tasks` / `seeds` are given."""
     c = run.config
     return evaluate_policy(run.sampler, run.tok, run.pool, tasks or run.test_tasks,
                            run.rollout_config(evaluation=True), rng, contexts=contexts,
                            fmt=run.fmt, samples_per_task=c.eval.samples_per_task,
-                           seeds=seeds or tuple(range(c.eval.seeds)), modes=modes)
+                           seeds=seeds or tuple(range(c.eval.seeds)), modes=modes,
+                           catalog=catalog)
 
 
 def evaluate_workdir(workdir, config=None, step: int | None = None) -> dict:

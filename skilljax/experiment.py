@@ -100,6 +100,69 @@ def reuse_config(c) -> SegmentationConfig | None:
         polish=r.polish, alphabet=projection.ALPHABETS[c.env.name])
 
 
+def evolution_config(c):
+    from skilljax.skills.evolver import EvolutionConfig
+    e = c.evolution
+    return EvolutionConfig(
+        every=e.every if e.evolve else 0, alpha=e.alpha, half_life=e.half_life,
+        max_new_skills=e.max_new_skills, induction=e.induction, contrastive=e.contrastive,
+        dedup=e.dedup, reflexion=e.reflexion, types_per_induction=e.types_per_induction,
+        abstract_per_type=e.abstract_per_type, buffer_size=e.buffer_size,
+        reflexion_top=e.reflexion_top, reflexion_min_conf=e.reflexion_min_conf,
+        review_after_uses=e.review_after_uses, reflexion_contexts=e.reflexion_contexts,
+        dedup_lexical=e.dedup_lexical, dedup_semantic=e.dedup_semantic,
+        retries=e.answer_retries, domain=e.domain, domain_rules=e.domain_rules)
+
+
+def catalog_config(c):
+    from skilljax.skills.evolution import CatalogConfig
+    e = c.evolution
+    kw = {} if e.instruction is None else {"instruction": e.instruction}
+    return CatalogConfig(general_k=e.general_k, specific_k=e.specific_k, **kw)
+
+
+def initial_bank(c):
+    """`evolution.initial_bank`: "" (empty), "env" (the env's markdown bank, one record per
+    section), or a JSON file of skill records."""
+    from skilljax.skills.evolution import EvolvingBank
+    spec = c.evolution.initial_bank
+    if not spec:
+        return EvolvingBank()
+    if spec == "env":
+        return EvolvingBank.from_skill_bank(
+            SkillBank.load(c.skills.dir) if c.skills.dir else SkillBank.for_env(c.env.name))
+    path = Path(spec)
+    if not path.is_file() and (Path(__file__).resolve().parent / "data" / spec).is_file():
+        path = Path(__file__).resolve().parent / "data" / spec  # a packaged bank
+    if not path.is_file():
+        raise FileNotFoundError(f"evolution.initial_bank={spec!r}: no such file (give \"\", "
+                                f"\"env\" or a JSON file of skill records).")
+    return EvolvingBank.load(path)
+
+
+def build_evolver(c, run: "Run"):
+    """SkillForge's evolver for a run: its initial bank, embedder and teacher (answers cached in
+    WORKDIR/skills/teacher_cache.jsonl)."""
+    from skilljax.skills import teachers
+    from skilljax.skills.evolver import Evolver
+    from skilljax.skills.retrieval import make_embedder
+    from skilljax.skills.rule_teacher import RuleTeacher
+    t = c.evolution.teacher
+    tcfg = teachers.TeacherConfig(
+        kind=t.kind, base_url=t.base_url, model=t.model, api_key_env=t.api_key_env,
+        timeout_s=t.timeout_s, retries=t.retries, concurrency=t.concurrency,
+        checkpoint=t.checkpoint, max_new_tokens=t.max_new_tokens, temperature=t.temperature,
+        replay_from=t.replay_from)
+    skills_dir = epath.Path(run.workdir) / "skills"
+    skills_dir.mkdir(parents=True, exist_ok=True)
+    teacher = teachers.make_teacher(tcfg, cache_path=skills_dir / "teacher_cache.jsonl",
+                                    rule=RuleTeacher(min_support=t.min_support),
+                                    policy=(run.model, run.tok))
+    embedder = make_embedder(c.evolution.embedder)
+    return Evolver(initial_bank(c), teacher, embedder, evolution_config(c),
+                   catalog=catalog_config(c))
+
+
 def warm_start_cache(c) -> Path | None:
     """This config's entry in the warm-start cache (`sft.cache_dir`), or None."""
     return warm_start.cache_entry(c, rollout_config(c, evaluation=True).max_turns)
@@ -152,12 +215,20 @@ def build_model(c, tok: Tokenizer, mesh=None):
     return model
 
 
-def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutConfig) -> list[str]:
-    """Prompts and responses of expert episodes (the texts the policy will read and write)."""
+def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutConfig,
+                     c=None) -> list[str]:
+    """Prompts and responses of expert episodes (the texts the policy will read and write);
+    with SkillForge (`c.evolution.enabled`), episodes with skill catalogs and calls too."""
     probe = Tokenizer.train(["a"], vocab_size=300)  # byte-level, only to render prompts
     res = rollout(None, probe, pool, tasks, dataclasses.replace(cfg, group_size=1),
                   jax.random.key(0), skill_context=lambda t: warm_start.warmup_context(bank, t),
                   fmt=fmt, expert=True)
+    if c is not None and c.evolution.enabled:
+        cats = warm_start.skill_catalogs(c, pool, probe, fmt, tasks)
+        called = rollout(None, probe, pool, tasks, dataclasses.replace(cfg, group_size=1),
+                         jax.random.key(0), fmt=fmt, expert=True, catalog=cats,
+                         expert_call=lambda t: cats.call_for(t.payload.get("goal", "")))
+        res.samples += called.samples
     return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
 
 
@@ -180,7 +251,8 @@ def _tokenizer(c, workdir: Path, pool, bank, fmt, train_tasks, *, train: bool) -
                         + train_tasks[:c.tokenizer.corpus_tasks])
         for o in warm_start.bare_task_options(c):
             corpus_tasks += cls.make_tasks("train", c.tokenizer.corpus_tasks // 4, seed=c.seed, **o)
-        corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True))
+        corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True),
+                                  c)
         tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size)
     else:
         raise FileNotFoundError(f"No tokenizer in {tok_dir}: is {workdir} a training workdir?")

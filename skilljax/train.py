@@ -28,8 +28,8 @@ from etils import epath
 from skilljax import config as config_lib
 from skilljax import distributed, rewards
 from skilljax.evaluate import evaluate_run
-from skilljax.experiment import (Keys, Run, advantage_config, build_run, curriculum_config,
-                                 learner_config, reuse_config, warm_start_cache)
+from skilljax.experiment import (Keys, Run, advantage_config, build_evolver, build_run,
+                                 curriculum_config, learner_config, reuse_config, warm_start_cache)
 from skilljax.metrics import MetricsWriter
 from skilljax.rl import batch as batch_lib
 from skilljax.rl import learner as learner_lib
@@ -38,6 +38,7 @@ from skilljax.rl.checkpoint import Checkpointer, RunState
 from skilljax.rl.rollout import merge, rollout
 from skilljax.rl.task_stream import TaskStream
 from skilljax.skills.curriculum import Curriculum
+from skilljax.skills.evolver import Evolver, episodes_from
 from skilljax.skills.segmentation import SegmentationCost
 
 
@@ -63,6 +64,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                   if c.skills.enabled and c.rl.steps > 0 else None)
     seg_cfg = reuse_config(c)
     reuse = SegmentationCost(seg_cfg) if seg_cfg is not None else None
+    # SkillForge: a catalog of the evolving bank in prompts, <skill> calls, evolution every I steps.
+    evolver = build_evolver(c, run) if c.evolution.enabled else None
     ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=c.checkpoint.keep)
     rng, state = jax.random.key(c.seed), RunState()
     if ckpt.steps():
@@ -73,6 +76,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             curriculum.load_state_dict(state.curriculum)
         if reuse is not None and state.reuse:
             reuse.load_state_dict(state.reuse)
+        if evolver is not None and state.evolution:
+            evolver.load_state_dict(state.evolution)
         print(f"resumed from step {step}", flush=True)
     keys, wall_before = Keys(rng), state.wall_s
 
@@ -83,10 +88,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         state.step = step
         state.curriculum = curriculum.state_dict() if curriculum is not None else None
         state.reuse = reuse.state_dict() if reuse is not None else None
+        state.evolution = evolver.state_dict() if evolver is not None else None
         state.wall_s = wall_before + time.time() - t_start
         ckpt.save(step, run.model, learner.optimizer, rng=rng, host_state=state.to_json())
 
     add_time("build", time.time() - t_start)
+    if evolver is not None:  # "auto" resolved: config.json says which embedder ranked skills
+        c.evolution.embedder = evolver.embedder.name
     if distributed.is_main():  # the resolved config of this (or this resumed) run
         config_lib.write_json(workdir / "config.json", config_lib.to_dict(c))
     metrics = (MetricsWriter(workdir, config=config_lib.to_dict(c), resume_step=state.step + 1,
@@ -114,9 +122,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
 
     # ------------------------------------------------------------------ initial evaluation
     full = run.bank.contexts() if c.skills.enabled else {}
+    catalog = lambda: evolver.catalog() if evolver is not None else None
     if "initial" not in state.eval:
         t0 = time.time()
-        state.eval["initial"] = evaluate_run(run, full, keys("eval", 0))
+        state.eval["initial"] = evaluate_run(run, full, keys("eval", 0), catalog=catalog())
         _print_eval("initial", state.eval["initial"])
         add_time("eval", time.time() - t0)
         save(0)
@@ -143,9 +152,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         # as one process would compute it).
         local = rollout(run.sampler, run.tok, run.pool, [run.train_tasks[i] for i in share.tasks],
                         rcfg, keys("rollout", step), seeds=share.seeds, group_ids=share.groups,
-                        fmt=run.fmt,
+                        fmt=run.fmt, catalog=catalog(),
                         skill_context=curriculum.contexts() if curriculum is not None else {})
         res = merge(distributed.allgather_objects(local))
+        if evolver is not None:  # evidence for the skills called (eq. 7)
+            m_evo = evolver.observe(episodes_from(res.trajectories), step)
         terms, m = rewards.reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
         # One advantage per step sample (`rl.advantage`: grpo / drgrpo / rloo over each task's
         # group, or gigpo), from the trajectory and step scores; see `losses.advantages`.
@@ -154,6 +165,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
         m.update(res.stats)
+        if evolver is not None:
+            m.update(m_evo)
         m.update(rollout_s=time.time() - t0, trained_samples=len(keep),
                  episodes=len(res.trajectories), episodes_local=len(local.trajectories),
                  reward_mean=float(rewards.trajectory_rewards(res).mean()),
@@ -173,15 +186,23 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         add_time("rollout", m["rollout_s"])
         add_time("learner", m["step_s"] - m["rollout_s"])
 
-        # -------------------------------------------------------------- curriculum
+        # -------------------------------------------------------------- curriculum, evolution
         if curriculum is not None and curriculum.due(step):
             t0 = time.time()
             m.update(curriculum_update(run, curriculum, step, keys("validation", step)))
             add_time("validation", time.time() - t0)
+        if evolver is not None:
+            if evolver.due(step):
+                t0 = time.time()
+                m.update(evolve(evolver, step, workdir))
+                add_time("evolution", time.time() - t0)
+            m.update(evolver.metrics())
         metrics.write(step, m)
         print(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
               f"invalid {m['invalid_rate']:.3f} skills {len(active)} episodes "
-              f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m),
+              f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m)
+              + (f" bank {m['bank_size']} calls/episode {m['skill_calls']:.2f}"
+                 if evolver is not None else ""),
               flush=True)
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
             state.task_stream = stream.get_state()
@@ -190,7 +211,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     # ------------------------------------------------------------------ final evaluation
     if "final" not in state.eval:
         t0 = time.time()
-        state.eval["final"] = evaluate_run(run, full, keys("eval", 1))
+        state.eval["final"] = evaluate_run(run, full, keys("eval", 1), catalog=catalog())
         _print_eval("final", state.eval["final"])
         add_time("eval", time.time() - t0)
         save(c.rl.steps)
@@ -202,11 +223,28 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                "timing_s": {k: round(v, 1) for k, v in state.timing.items()},
                "warm_start": state.warm_start, "eval": state.eval,
                "curriculum": curriculum.history if curriculum is not None else []}
+    if evolver is not None:
+        summary["evolution"] = dict(evolver.totals, bank_size=len(evolver.bank))
+        if distributed.is_main():
+            evolver.write(workdir / "skills")
     if distributed.is_main():
         config_lib.write_json(workdir / "summary.json", summary)
         from skilljax import plots
         plots.write_all(workdir)
     return summary
+
+
+def evolve(evolver: Evolver, step: int, workdir) -> dict:
+    """One evolution step (teacher calls on the first process only; the others take its bank),
+    and the bank written to WORKDIR/skills/."""
+    m = evolver.evolve(step) if distributed.is_main() else {}
+    if distributed.count() > 1:
+        state, m = distributed.allgather_objects(
+            (evolver.state_dict(), m) if distributed.is_main() else None)[0]
+        evolver.load_state_dict(state)
+    if distributed.is_main():
+        evolver.write(workdir / "skills")
+    return m
 
 
 def curriculum_update(run: Run, curriculum: Curriculum, step: int, rng) -> dict:

@@ -38,6 +38,7 @@ class RunState:
     ran before this one (resume adds). timing: seconds per phase, over all of them. curriculum,
     reuse: `state_dict()` of the SKILL0 curriculum and of ReuseRL's segmentation cost, when the run
     has them. task_stream: the RL task stream's iterator state (`rl.task_stream.TaskStream`).
+    evolution: SkillForge's bank, buffers and counters (`skills.evolver.Evolver.state_dict()`).
     """
     step: int = 0
     eval: dict = dataclasses.field(default_factory=dict)
@@ -47,6 +48,7 @@ class RunState:
     curriculum: dict | None = None
     reuse: dict | None = None
     task_stream: dict | None = None
+    evolution: dict | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -169,6 +169,10 @@ class Trajectory:
     valid: list[bool] = dataclasses.field(default_factory=list)
     env_valid: list[bool] = dataclasses.field(default_factory=list)  # the env applied the action
     samples: list[int] = dataclasses.field(default_factory=list)  # indices into .samples
+    observations: list[str] = dataclasses.field(default_factory=list)  # after each action
+    goal: str = ""               # the task description the prompts show
+    calls: list[dict] = dataclasses.field(default_factory=list)  # skill calls (SkillForge):
+                                 # {"step", "names", "skill_id" (resolved, or None)}
     won: bool = False
     done: bool = False
     failure: str | None = None   # env crash / timeout reason
@@ -204,7 +208,8 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             skill_context: Callable[[Task], str] | Mapping[str, str] | None = None,
             fmt=ThinkAction(), expert: bool = False, expert_noise: float = 0.0,
             expert_repeat: float = 0.0, noise_seed: int = 0,
-            group_ids: Sequence[int] | None = None) -> RolloutResult:
+            group_ids: Sequence[int] | None = None, catalog=None,
+            expert_call: Callable[[Task], str | None] | None = None) -> RolloutResult:
     """Plays every task `group_size` times; all members of a group get the same env seed.
 
     Sampling is keyed per episode: member m of the task with group id `group_ids[k]` (default k)
@@ -222,6 +227,13 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     episodes never do. A share `expert_repeat` of the noisy steps repeats the episode's previous
     action instead (when it differs from the expert's): the loop a greedy policy falls into, often
     an action the env rejects, which random admissible actions never show.
+
+    With a `catalog` (SkillForge, `skills.evolution.Catalog`), each episode's prompts carry the
+    skills retrieved for its task description, `<skill>NAME</skill>` tags in a response are read
+    (and removed before the action is parsed; a format problem makes the step invalid), and the
+    called skill's content, or why the call failed, is appended to the next observation (paper
+    002 eq. 4). Calls are recorded per step in `Trajectory.calls`. `expert_call(task)`: the skill
+    name an expert appends to each of its responses (warm-start data), or None.
     """
     if expert_noise and not expert:
         raise ValueError("expert_noise applies to expert rollouts only (expert=True).")
@@ -255,6 +267,11 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             obs[i], admissible[i] = r.observation, r.info.get("admissible_actions")
             state[i] = r.info.get("state", r.observation)
             goal[i], history[i] = r.info.get("goal") or r.observation, []
+            trajs[i].goal = goal[i]
+            if catalog is not None:
+                listing = catalog.text(goal[i], trajs[i].task.type)
+                contexts[i] = "\n".join(x for x in (contexts[i].strip(), listing) if x)
+    feedback: dict[int, str] = {}
     samples: list[StepSample] = []
     for turn in range(cfg.max_turns):
         live = [i for i, t in enumerate(trajs) if not t.done]
@@ -267,7 +284,9 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         perturbed = set()
         if expert:
             acts = pool.expert_actions(live)
-            out = _expert_output(tok, fmt, acts, live)
+            calls = ({i: expert_call(trajs[i].task) for i in live} if expert_call is not None
+                     else {})
+            out = _expert_output(tok, fmt, acts, live, calls)
             if expert_noise:
                 last = {i: trajs[i].actions[-1] for i in live if trajs[i].actions}
                 perturbed = _perturb(out, tok, fmt, acts, live, admissible, expert_noise,
@@ -280,7 +299,16 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         actions = {}
         for j, i in enumerate(live):
             text = tok.decode(out.token_ids[j], skip_special_tokens=True)
+            problem = ""
+            if catalog is not None:
+                called = catalog.respond(goal[i], trajs[i].task.type, text)
+                text, problem, feedback[i] = called.text, called.problem, called.feedback
+                if called.names:
+                    trajs[i].calls.append({"step": turn, "names": called.names,
+                                           "skill_id": called.skill_id})
             action, valid, reason = fmt.parse(text)
+            if valid and problem:
+                valid, reason = False, problem
             actions[i] = action
             counts = dict(prompts[j].counts, response=len(out.token_ids[j]))
             trajs[i].samples.append(len(samples))
@@ -301,7 +329,10 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             t.valid.append(s.valid)
             t.env_valid.append(env_applied(r))
             history[i].append((obs[i], actions[i]))
-            obs[i], admissible[i] = r.observation, r.info.get("admissible_actions")
+            t.observations.append(r.observation)
+            note = feedback.pop(i, "")
+            obs[i] = f"{r.observation} {note}" if note else r.observation
+            admissible[i] = r.info.get("admissible_actions")
             state[i] = r.info.get("state", r.observation)
             if r.done:
                 t.done, t.won = True, bool(r.won)
@@ -319,6 +350,8 @@ def _stats(samples: Sequence[StepSample], trajs: Sequence[Trajectory], wall: flo
         success_rate=float(np.mean([t.won for t in trajs])) if trajs else 0.0,
         invalid_rate=sum(not s.valid for s in samples) / n,
         failures=sum(t.failure is not None for t in trajs),
+        skill_calls=sum(len(c["names"]) for t in trajs for c in t.calls) / max(len(trajs), 1),
+        skill_calls_unknown=sum(c["skill_id"] is None for t in trajs for c in t.calls),
         **behaviour_stats(trajs),
         **{f"tokens_{k}": sum(s.counts[k] for s in samples) / n for k in PROMPT_PARTS + ("response",)})
 
@@ -367,13 +400,17 @@ def behaviour_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return out
 
 
-def _response_ids(tok: Tokenizer, fmt, action: str) -> list[int]:
-    """The tokens of a response that states `action`, through the end-of-turn token."""
-    return tok.encode(fmt.render(action)) + [tok.im_end_id]
+def _response_ids(tok: Tokenizer, fmt, action: str, call: str | None = None) -> list[int]:
+    """The tokens of a response that states `action` (and calls skill `call`), through the
+    end-of-turn token."""
+    tag = f"<skill>{call}</skill>" if call else ""
+    return tok.encode(fmt.render(action) + tag) + [tok.im_end_id]
 
 
-def _expert_output(tok: Tokenizer, fmt, acts: Mapping[int, str], live: list[int]) -> SampleOutput:
-    ids = [_response_ids(tok, fmt, acts[i]) for i in live]
+def _expert_output(tok: Tokenizer, fmt, acts: Mapping[int, str], live: list[int],
+                   calls: Mapping[int, str | None] | None = None) -> SampleOutput:
+    calls = calls or {}
+    ids = [_response_ids(tok, fmt, acts[i], calls.get(i)) for i in live]
     return SampleOutput(ids, [np.zeros(len(x), np.float32) for x in ids],
                         np.array([len(x) for x in ids]), ["stop"] * len(ids))
 

@@ -43,6 +43,91 @@ def warmup_context(bank: SkillBank, task: envs_base.Task) -> str:
     return f"{general}\n\n{section}" if general else section
 
 
+class TaskCatalogs:
+    """SkillForge warm-start catalogs: per task description, a catalog holding the task's own
+    skill and `distractors` skills of other tasks (other triggers), so the policy learns to pick
+    the skill whose trigger matches its task, call it, and follow the content returned.
+
+    Each skill is what the rule-based teacher induces from that task's expert episode alone
+    (`skills.rule_teacher`, support 1): the form the teacher gives skills during RL. Duck-types
+    `skills.evolution.Catalog` for `rl.rollout`; descriptions without a skill get no catalog.
+    """
+
+    def __init__(self, episodes: list[dict], embedder, cfg, distractors: int = 3):
+        from skilljax.skills import teacher_prompts as tp
+        from skilljax.skills.evolution import EvolvingBank, SkillRecord
+        from skilljax.skills.rule_teacher import RuleTeacher
+        teacher = RuleTeacher(min_support=1)
+        self.embedder, self.cfg, self.own = embedder, cfg, {}
+        records: list[SkillRecord] = []
+        for e in episodes:
+            if e["outcome"] != "SUCCESS" or e["task"] in self.own:
+                continue
+            a = json.loads(teacher.complete(tp.abstraction(e)))
+            item = {"task": e["task"], "task_type": e["task_type"], "abstraction": a}
+            skills = json.loads(teacher.complete(tp.induction(
+                e["task_type"], "extraction", [item], [], [], max_new=1, success_counts={},
+                failure_counts={})))
+            if skills:
+                s = skills[0]
+                records.append(SkillRecord(f"w{len(records)}", s["skill_id"], s["title"],
+                                           s["principle"], s["when_to_apply"], e["task_type"],
+                                           s["intent"]))
+                self.own[e["task"]] = len(records) - 1
+        self.records, self._bank_cls = records, EvolvingBank
+        self.distractors, self._catalogs = distractors, {}
+
+    def _catalog(self, description: str):
+        from skilljax.skills.evolution import Catalog
+        if description not in self.own:
+            return None
+        if description not in self._catalogs:
+            i = self.own[description]
+            own = self.records[i]
+            # Deterministic distractors with other triggers and other call names.
+            rng = np.random.default_rng(int(hashlib.sha256(description.encode()).hexdigest()[:8],
+                                            16))
+            picks, names = [own], {own.call_name}
+            for j in rng.permutation(len(self.records)):
+                r = self.records[int(j)]
+                if len(picks) > self.distractors:
+                    break
+                if r.when_to_apply != own.when_to_apply and r.call_name not in names:
+                    picks.append(r)
+                    names.add(r.call_name)
+            bank = self._bank_cls([dataclasses.replace(r, id=f"w{k}") for k, r in enumerate(picks)])
+            self._catalogs[description] = Catalog(bank, self.embedder, self.cfg)
+        return self._catalogs[description]
+
+    def text(self, description: str, task_type: str) -> str:
+        cat = self._catalog(description)
+        return cat.text(description, task_type) if cat is not None else ""
+
+    def respond(self, description: str, task_type: str, text: str):
+        from skilljax.skills.evolution import CallResult, split_calls
+        cat = self._catalog(description)
+        if cat is None:
+            clean, names, problems = split_calls(text)
+            return CallResult(clean, names, problem="; ".join(problems))
+        return cat.respond(description, task_type, text)
+
+    def call_for(self, description: str) -> str | None:
+        """The call name the expert appends for a task's description."""
+        i = self.own.get(description)
+        return self.records[i].call_name if i is not None else None
+
+
+def skill_catalogs(c, pool, tok, fmt, tasks) -> TaskCatalogs:
+    """`TaskCatalogs` for warm-start tasks, from their expert episodes."""
+    from skilljax.experiment import catalog_config, rollout_config
+    from skilljax.skills.evolver import episodes_from
+    from skilljax.skills.retrieval import make_embedder
+    cfg = dataclasses.replace(rollout_config(c, evaluation=True), group_size=1)
+    plain = rollout(None, tok, pool, tasks, cfg, jax.random.key(0), fmt=fmt, expert=True)
+    return TaskCatalogs(episodes_from(plain.trajectories), make_embedder(c.evolution.embedder),
+                        catalog_config(c))
+
+
 def bare_task_options(c) -> list[dict]:
     """`sft.bare_task_options`: one generator's options or a list of them ([] when unset)."""
     options = c.sft.bare_task_options or []
@@ -78,6 +163,9 @@ def cache_entry(c, max_turns: int) -> Path | None:
     parts["sft"] = {k: v for k, v in cfg["sft"].items() if k != "cache_dir"}
     parts["skills_dir"] = c.skills.dir
     parts["max_turns"] = max_turns
+    if c.evolution.enabled:  # the warm start shows catalogs and calls skills
+        parts["evolution"] = {k: cfg["evolution"][k] for k in
+                              ("general_k", "specific_k", "instruction", "embedder")}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
     return Path(c.sft.cache_dir) / key
 
@@ -140,16 +228,33 @@ def data(r: Run):
                           **dict(c.sft.task_options))
     cfg = dataclasses.replace(r.rollout_config(evaluation=True), group_size=1)
     text = (lambda t: warmup_context(r.bank, t)) if c.sft.with_skills else None
+    catalogs = call = None
+    if c.evolution.enabled and c.sft.with_skills:
+        # SkillForge: skills come as a catalog to call from, not as text in the prompt.
+        text, catalogs = None, skill_catalogs(c, r.pool, r.tok, r.fmt, tasks + held)
+        call = lambda t: None if t.id in bare_ids else catalogs.call_for(_goal(t))
     played = rollout(None, r.tok, r.pool, tasks + bare, cfg, jax.random.key(0),
                      skill_context=(lambda t: "" if t.id in bare_ids else text(t)) if text
                      else None, fmt=r.fmt, expert=True,
                      expert_noise=float(c.sft.expert_noise),
-                     expert_repeat=float(c.sft.expert_repeat), noise_seed=c.seed)
+                     expert_repeat=float(c.sft.expert_repeat), noise_seed=c.seed,
+                     catalog=catalogs, expert_call=call)
     held_data = rollout(None, r.tok, r.pool, held, cfg, jax.random.key(0), skill_context=text,
-                        fmt=r.fmt, expert=True)
+                        fmt=r.fmt, expert=True, catalog=catalogs,
+                        expert_call=(lambda t: catalogs.call_for(_goal(t))) if catalogs else None)
     samples = [s for s in played.samples if not s.perturbed]
     is_bare = [played.trajectories[s.episode].task.id in bare_ids for s in samples]
     return samples, is_bare, held_data.samples
+
+
+def _goal(task: envs_base.Task) -> str:
+    """The description rollout prompts show for a task: its payload's goal (every env that
+    supports SkillForge warm starts states one)."""
+    goal = task.payload.get("goal") if isinstance(task.payload, dict) else None
+    if not goal:
+        raise ValueError(f"Task {task.id} has no payload['goal']; a SkillForge warm start needs "
+                         "the task description to key its catalog.")
+    return goal
 
 
 def run(r: Run, log, on_check=None) -> dict:

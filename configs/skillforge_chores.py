@@ -1,0 +1,79 @@
+"""SkillForge at CPU scale on `chores`: skills called by name from a catalog, evolved by a rule-based
+teacher from an empty bank (paper 002's method; its LLM teacher replaced by
+`skilljax.skills.rule_teacher`, which induces skills from trajectories alone).
+
+    python -m skilljax.train --config configs/skillforge_chores.py --workdir /tmp/skillforge
+    python -m skilljax.train --config configs/skillforge_chores.py:runlocal --workdir /tmp/sf_local
+    python launch/sweep.py configs/skillforge_chores.py          # the arms below, two seeds
+
+The policy is the default experiment's tiny model (configs/default.py), with its warm start changed
+in one way: skills never appear as text in the prompt. Each randomised-procedure episode instead
+shows a catalog of four skills (call name and trigger) — the task's own, as the rule teacher would
+induce it from the task's expert episode, and three of other tasks — and the expert appends
+`<skill>NAME</skill>` to every action; the skill's content then arrives in the next observation.
+So the policy learns to pick the skill whose trigger matches its task, call it, and follow what
+comes back. RL (GiGPO, as the default experiment) starts with an empty bank: the teacher induces a
+skill for a task type once `min_support` successes of that type share an action chain, revises
+skills whose conf(s) is high, and the catalog offers them from the next step.
+
+Arms (`variant=`, `sweep()`): `skillforge` (the method), `no_skills` (GRPO, the bank stays empty),
+`no_reflexion`, `no_contrastive`, `fixed_bank` (the hand-written bank
+`skilljax/data/skills/chores/skillforge_bank.json`, never evolved; statistics still tracked).
+Evaluation: held-out tasks with the final bank's catalog ("with skills") and without a catalog.
+Hardware: 2 CPU cores. Expected time and results: docs/results.md (SkillForge section).
+"""
+
+from skilljax.config import parse_arg
+
+import importlib.util
+import os
+
+_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py")
+
+VARIANTS = {
+    "skillforge": {},
+    "no_skills": {"evolution.evolve": False},
+    "no_reflexion": {"evolution.reflexion": False},
+    "no_contrastive": {"evolution.contrastive": False},
+    "fixed_bank": {"evolution.initial_bank": "skills/chores/skillforge_bank.json",
+                   "evolution.evolve": False},
+}
+
+
+def _default(arg: str):
+    spec = importlib.util.spec_from_file_location("skilljax_default_config", _DEFAULT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def get_config(arg=None):
+    arg = parse_arg(arg, seed=0, runlocal=False, variant="skillforge")
+    if arg.variant not in VARIANTS:
+        raise ValueError(f"Unknown variant {arg.variant!r}; choose one of {sorted(VARIANTS)}.")
+    c = _default(f"seed={arg.seed}" + (",runlocal" if arg.runlocal else ""))
+    # No skill text in prompts and no SKILL0 curriculum: skills come only through the catalog.
+    c.skills.enabled = False
+    c.reuse.enabled = False
+    c.evolution.update(
+        enabled=True, initial_bank="", embedder="tfidf",
+        general_k=2, specific_k=3,  # short catalogs for the tiny policy (paper: 6 + 6)
+        instruction="",             # the warm start taught the calling; no instruction text
+        every=5, types_per_induction=6, abstract_per_type=4, max_new_skills=1,
+        review_after_uses=10)
+    c.evolution.teacher.update(kind="rule", min_support=2)
+    c.rl.steps = 120
+    for key, value in VARIANTS[arg.variant].items():
+        section, leaf = key.split(".")
+        c[section][leaf] = value
+    if arg.runlocal:
+        c.rl.steps = 4
+        c.evolution.update(every=2, review_after_uses=1, reflexion_min_conf=0.0)
+        c.evolution.teacher.min_support = 1
+    return c
+
+
+def sweep(add, arg=None):
+    for seed in (0, 1):
+        for variant in VARIANTS:
+            add(arg=f"variant={variant},seed={seed}")
