@@ -23,12 +23,7 @@ Evaluation: held-out tasks with the final bank's catalog ("with skills") and wit
 Hardware: 2 CPU cores. Expected time and results: docs/results.md (SkillForge section).
 """
 
-from skilljax.config import parse_arg
-
-import importlib.util
-import os
-
-_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default.py")
+from skilljax.config import config_module, parse_arg
 
 VARIANTS = {
     "skillforge": {},
@@ -40,18 +35,12 @@ VARIANTS = {
 }
 
 
-def _default(arg: str):
-    spec = importlib.util.spec_from_file_location("skilljax_default_config", _DEFAULT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
-
-
 def get_config(arg=None):
     arg = parse_arg(arg, seed=0, runlocal=False, variant="skillforge")
     if arg.variant not in VARIANTS:
         raise ValueError(f"Unknown variant {arg.variant!r}; choose one of {sorted(VARIANTS)}.")
-    c = _default(f"seed={arg.seed}" + (",runlocal" if arg.runlocal else ""))
+    c = config_module("default.py").get_config(f"seed={arg.seed}"
+                                               + (",runlocal" if arg.runlocal else ""))
     # No skill text in prompts and no SKILL0 curriculum: skills come only through the catalog.
     c.skills.enabled = False
     c.reuse.enabled = False

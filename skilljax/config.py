@@ -369,6 +369,15 @@ def _migrate(values: dict) -> dict:
     return values
 
 
+def config_module(name: str):
+    """Another file of configs/ as a module (a config built on another's get_config)."""
+    path = Path(__file__).resolve().parent.parent / "configs" / name
+    spec = importlib.util.spec_from_file_location(f"skilljax_configs_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def config_files(root: str | os.PathLike | None = None) -> list[str]:
     """The experiment config files shipped in configs/ (for --help)."""
     root = Path(root) if root else Path(__file__).resolve().parent.parent / "configs"

@@ -117,16 +117,32 @@ def evaluate_workdir(workdir, config=None, step: int | None = None) -> dict:
     run = build_run(config, workdir, train_tokenizer=False)
     try:
         ckpt = Checkpointer(workdir / "checkpoints")
-        step, _, _ = ckpt.restore(run.model, None, step)
+        step, _, host = ckpt.restore(run.model, None, step)
         ckpt.close()
         full = run.bank.contexts() if config.skills.enabled else {}
-        block = evaluate_run(run, full, jax.random.key(config.seed + 1))
+        block = evaluate_run(run, full, jax.random.key(config.seed + 1),
+                             catalog=_catalog(config, host))
     finally:
         run.close()
     block["step"] = step
     if distributed.is_main():
         config_lib.write_json(workdir / f"eval_{step}.json", block)
     return block
+
+
+def _catalog(config, host: dict):
+    """A SkillForge run's catalog over the bank its checkpoint holds (None for other runs)."""
+    if not config.evolution.enabled:
+        return None
+    from skilljax.experiment import catalog_config
+    from skilljax.skills.evolution import Catalog, EvolvingBank
+    from skilljax.skills.retrieval import make_embedder
+    state = (host or {}).get("evolution")
+    if not state:
+        raise ValueError("This SkillForge checkpoint holds no skill bank (run state "
+                         "'evolution'); was it written before RL started?")
+    return Catalog(EvolvingBank.from_json(state["bank"]), make_embedder(config.evolution.embedder),
+                   catalog_config(config))
 
 
 def main(argv=None) -> None:

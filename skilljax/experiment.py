@@ -227,7 +227,7 @@ def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutCon
         cats = warm_start.skill_catalogs(c, pool, probe, fmt, tasks)
         called = rollout(None, probe, pool, tasks, dataclasses.replace(cfg, group_size=1),
                          jax.random.key(0), fmt=fmt, expert=True, catalog=cats,
-                         expert_call=lambda t: cats.call_for(t.payload.get("goal", "")))
+                         expert_call=cats.call_for)
         res.samples += called.samples
     return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
 

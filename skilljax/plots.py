@@ -5,7 +5,9 @@
   skills over steps (and train success);
 - deltas.png: Δ_k per skill file at every curriculum update (the SKILL0 paper's Figure 6);
 - skills.png: active skill files and the stage budget over steps;
-- tokens.png: prompt tokens per step by part (skill, history, observation, template).
+- tokens.png: prompt tokens per step by part (skill, history, observation, template);
+- evolution.png (SkillForge runs): bank size (general / task-type skills), skill calls per
+  episode, and every skill's EMA success p̂ and underperformance score conf(s) over steps.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def write_all(workdir) -> list:
     ax.legend(fontsize=8, loc="upper right")
     save(fig, "tokens.png")
 
+    if any("bank_size" in r for r in rows):
+        _evolution(plt, save, [r for r in rows if "bank_size" in r])
+
     summary = workdir / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text())
@@ -98,3 +103,29 @@ def write_all(workdir) -> list:
             ax.legend(fontsize=8)
             save(fig, "eval.png")
     return written
+
+
+def _evolution(plt, save, rows: list) -> None:
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6))
+    ax = axes[0][0]
+    ax.stackplot(steps, [r.get("bank_general", 0) for r in rows],
+                 [r.get("bank_specific", 0) for r in rows], labels=("general", "task type"))
+    ax.set(xlabel="RL step", ylabel="active skills", title="bank size")
+    ax.legend(fontsize=8, loc="upper left")
+    ax = axes[0][1]
+    ax.plot(steps, [r.get("skill_calls", 0) for r in rows], label="calls per episode")
+    ax.plot(steps, [r.get("episodes_calling", 0) / max(r.get("episodes", 1), 1) for r in rows],
+            label="episodes calling (share)")
+    ax.set(xlabel="RL step", title="skill calls")
+    ax.legend(fontsize=8)
+    ids = sorted({k for r in rows for k in r.get("skill_stats", {})})
+    for k, (ax, what) in enumerate(((axes[1][0], "EMA success p̂"), (axes[1][1], "conf(s)"))):
+        for sid in ids:
+            pts = [(r["step"], r["skill_stats"][sid][k]) for r in rows
+                   if sid in r.get("skill_stats", {})]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1, label=sid)
+        ax.set(xlabel="RL step", title=what, ylim=(-0.02, 1.02))
+        if 0 < len(ids) <= 12:
+            ax.legend(fontsize=6, ncol=2)
+    save(fig, "evolution.png")

@@ -37,8 +37,12 @@ def test_single_process_is_untouched(monkeypatch):
 
 def test_two_processes_train_like_one(tmp_path):
     port = _free_port()
+    # SkillForge on too (it composes with the curriculum): its evolution runs on the first
+    # process, and the others take its bank.
     args = ["--config", CONFIG + ":runlocal", "--config.mesh=data=2", "--config.rl.steps=2",
-            "--config.skills.validate_every=1"]
+            "--config.skills.validate_every=1", "--config.evolution.enabled=true",
+            "--config.evolution.initial_bank=skills/chores/skillforge_bank.json",
+            "--config.evolution.every=1", "--config.evolution.embedder=tfidf"]
     procs = []
     for pid in range(2):
         env = _env(SKILLJAX_COORDINATOR=f"localhost:{port}", SKILLJAX_NUM_PROCESSES="2",
@@ -64,6 +68,9 @@ def test_two_processes_train_like_one(tmp_path):
     # (gloo) may sum the two devices' partial sums in another order than one process does.
     assert multi["eval"] == one["eval"]
     assert multi["curriculum"] == one["curriculum"]
+    assert multi["evolution"] == one["evolution"] and multi["evolution"]["abstracted"] > 0
+    assert (tmp_path / "multi" / "skills" / "bank.json").read_bytes() == \
+        (tmp_path / "single" / "skills" / "bank.json").read_bytes()
     assert multi["warm_start"]["final_loss"] == pytest.approx(one["warm_start"]["final_loss"],
                                                               rel=1e-4)
     read = lambda d: [json.loads(r) for r in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]

@@ -416,3 +416,41 @@ def test_sweep_results_folder_collects_finished_runs(tmp_path):
     # The mean ± one 60-episode evaluation's binomial standard error, √(.375 · .625 / 60).
     assert row.endswith("| 0.375 ± 0.062 | 6.000 | 0.375 | 0.250 |") and "0.250 → 0.000" in row
     assert "| – |" in sweep.summary_table(tmp_path / "runs", [twin], tmp_path / "results")
+
+
+SKILLFORGE = str(ROOT / "configs" / "skillforge_chores.py")
+
+
+def test_skillforge_runlocal_writes_its_bank_and_replays_exactly(tmp_path):
+    """SkillForge end to end (hand-written bank to start, so catalogs are in the prompts), then
+    the same run replayed from the first run's teacher cache: the same bank, byte for byte."""
+    first, second = tmp_path / "first", tmp_path / "replay"
+    bank = "--config.evolution.initial_bank=skills/chores/skillforge_bank.json"
+    run_module("skilljax.train", "--config", SKILLFORGE + ":runlocal", "--workdir", first, bank)
+    records = json.loads((first / "skills" / "bank.json").read_text())["skills"]
+    assert len(records) >= 6   # the hand-written six, and what the rule teacher induced
+    assert all({"id", "title", "principle", "when_to_apply", "stats"} <= set(r) for r in records)
+    config = json.loads((first / "config.json").read_text())
+    assert config["evolution"]["embedder"] == "tfidf" and config["evolution"]["enabled"]
+    rows = [json.loads(x) for x in (first / "metrics.jsonl").read_text().splitlines()]
+    assert all("bank_size" in r and "skill_calls" in r for r in rows if r["step"] > 0)
+    assert all(r["tokens_skill"] > 0 for r in rows if r["step"] > 0)   # the catalog is shown
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["evolution"]["bank_size"] == len(records)
+    cache = first / "skills" / "teacher_cache.jsonl"
+    assert cache.read_text().count("\n") >= summary["evolution"]["abstracted"] > 0
+    run_module("skilljax.train", "--config", SKILLFORGE + ":runlocal", "--workdir", second, bank,
+               "--config.evolution.teacher.kind=replay",
+               f"--config.evolution.teacher.replay_from={cache}")
+    assert (second / "skills" / "bank.json").read_bytes() == \
+        (first / "skills" / "bank.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_skillforge_alfworld_runlocal(tmp_path):
+    run_module("skilljax.train", "--config", str(ROOT / "configs" / "skillforge_alfworld.py")
+               + ":runlocal", "--workdir", tmp_path)
+    records = json.loads((tmp_path / "skills" / "bank.json").read_text())["skills"]
+    assert len(records) >= 8 and {r["category"] for r in records} >= {"general"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["eval"]["final"]) == {"with_skills", "without_skills"}

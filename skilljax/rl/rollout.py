@@ -209,7 +209,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             fmt=ThinkAction(), expert: bool = False, expert_noise: float = 0.0,
             expert_repeat: float = 0.0, noise_seed: int = 0,
             group_ids: Sequence[int] | None = None, catalog=None,
-            expert_call: Callable[[Task], str | None] | None = None) -> RolloutResult:
+            expert_call: Callable[[str], str | None] | None = None) -> RolloutResult:
     """Plays every task `group_size` times; all members of a group get the same env seed.
 
     Sampling is keyed per episode: member m of the task with group id `group_ids[k]` (default k)
@@ -232,8 +232,9 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     skills retrieved for its task description, `<skill>NAME</skill>` tags in a response are read
     (and removed before the action is parsed; a format problem makes the step invalid), and the
     called skill's content, or why the call failed, is appended to the next observation (paper
-    002 eq. 4). Calls are recorded per step in `Trajectory.calls`. `expert_call(task)`: the skill
-    name an expert appends to each of its responses (warm-start data), or None.
+    002 eq. 4). Calls are recorded per step in `Trajectory.calls`. `expert_call(description)`: the
+    skill name an expert appends to each of its responses for that task description (warm-start
+    data), or None.
     """
     if expert_noise and not expert:
         raise ValueError("expert_noise applies to expert rollouts only (expert=True).")
@@ -284,7 +285,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         perturbed = set()
         if expert:
             acts = pool.expert_actions(live)
-            calls = ({i: expert_call(trajs[i].task) for i in live} if expert_call is not None
+            calls = ({i: expert_call(goal[i]) for i in live} if expert_call is not None
                      else {})
             out = _expert_output(tok, fmt, acts, live, calls)
             if expert_noise:

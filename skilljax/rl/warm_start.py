@@ -232,7 +232,7 @@ def data(r: Run):
     if c.evolution.enabled and c.sft.with_skills:
         # SkillForge: skills come as a catalog to call from, not as text in the prompt.
         text, catalogs = None, skill_catalogs(c, r.pool, r.tok, r.fmt, tasks + held)
-        call = lambda t: None if t.id in bare_ids else catalogs.call_for(_goal(t))
+        call = catalogs.call_for
     played = rollout(None, r.tok, r.pool, tasks + bare, cfg, jax.random.key(0),
                      skill_context=(lambda t: "" if t.id in bare_ids else text(t)) if text
                      else None, fmt=r.fmt, expert=True,
@@ -241,20 +241,10 @@ def data(r: Run):
                      catalog=catalogs, expert_call=call)
     held_data = rollout(None, r.tok, r.pool, held, cfg, jax.random.key(0), skill_context=text,
                         fmt=r.fmt, expert=True, catalog=catalogs,
-                        expert_call=(lambda t: catalogs.call_for(_goal(t))) if catalogs else None)
+                        expert_call=catalogs.call_for if catalogs else None)
     samples = [s for s in played.samples if not s.perturbed]
     is_bare = [played.trajectories[s.episode].task.id in bare_ids for s in samples]
     return samples, is_bare, held_data.samples
-
-
-def _goal(task: envs_base.Task) -> str:
-    """The description rollout prompts show for a task: its payload's goal (every env that
-    supports SkillForge warm starts states one)."""
-    goal = task.payload.get("goal") if isinstance(task.payload, dict) else None
-    if not goal:
-        raise ValueError(f"Task {task.id} has no payload['goal']; a SkillForge warm start needs "
-                         "the task description to key its catalog.")
-    return goal
 
 
 def run(r: Run, log, on_check=None) -> dict:

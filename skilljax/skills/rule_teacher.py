@@ -11,8 +11,9 @@ the env applied each action. It never reads an environment's hidden solution.
   of applied actions (rejected ones dropped, repeats collapsed) in that form; a failure's mistakes
   are the actions the env rejected.
 - Induction: per task type, the planning pattern shared by the most successes (at least
-  `min_support`) becomes a skill; the contrastive pathway adds the actions that only failures took
-  (`avoid: ...`); refinement, with failures only, makes an avoid-list skill. A pattern an existing
+  `min_support`) becomes a skill; the contrastive pathway adds the actions the env rejected in at
+  least `min_support` failures and no success took (`avoid: ...`); refinement, with failures
+  only, makes an avoid-list skill. A pattern an existing
   skill already states is not proposed again.
 - Attribution: causal when the episode followed the skill's steps in order, else incidental;
   harmful when it followed them and failed.
@@ -153,13 +154,15 @@ class RuleTeacher:
         return out
 
     def _avoid(self, failures: Sequence[Mapping], patterns: Mapping[str, int]) -> list[str]:
-        """Actions the env rejected in failures that no successful pattern contains."""
+        """Actions the env rejected in at least `min_support` failures that no successful
+        pattern contains (undecodable text is never an action to name)."""
         good = {s for p in patterns for s in p.split(ARROW)}
         bad = collections.Counter(
-            m["bad_action"] for f in failures
-            for m in f["abstraction"]["strategic_guidelines"]["mistakes_to_avoid"]
-            if isinstance(m, dict) and m.get("bad_action") and m["bad_action"] not in good)
-        return [a for a, _ in bad.most_common(self.max_avoid)]
+            a for f in failures for a in dict.fromkeys(
+                m["bad_action"] for m in f["abstraction"]["strategic_guidelines"]
+                ["mistakes_to_avoid"] if isinstance(m, dict) and m.get("bad_action"))
+            if a not in good and "\ufffd" not in a)
+        return [a for a, n in bad.most_common() if n >= self.min_support][:self.max_avoid]
 
     def _attribution(self, d: Mapping[str, Any]) -> dict:
         ep, skill = d["episode"], d["skill"]

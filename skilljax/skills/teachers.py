@@ -298,12 +298,14 @@ class ReplayTeacher:
     """Every answer recorded by prompt hash: a recorded run replays exactly and tests run offline.
 
     The key is the prompt text alone, so a prompt asked twice in a run gets the first answer again
-    (intended: a replay then needs no count of repeats). Errors are never recorded.
+    (intended: a replay then needs no count of repeats). Errors are never recorded. Its `name` is
+    the answering teacher's (the inner one, or the one the file recorded), so what a replayed run
+    writes in skill provenance matches the recorded run.
     """
 
     def __init__(self, path: str | os.PathLike, inner: Teacher | None = None):
         self.path, self.inner = Path(path), inner
-        self.name = f"replay({inner.name})" if inner is not None else "replay"
+        recorded: list[str] = []
         self.answers: dict[str, str] = {}
         self.hits = self.misses = 0
         self._lock = threading.Lock()
@@ -317,6 +319,7 @@ class ReplayTeacher:
                 try:
                     row = json.loads(line)
                     self.answers.setdefault(row["key"], row["answer"])
+                    recorded.append(row.get("teacher") or "")
                 except (ValueError, KeyError, TypeError) as e:
                     if n < len(lines):
                         raise ValueError(f"{self.path}:{n}: not a teacher cache line ({e}).") from e
@@ -324,6 +327,8 @@ class ReplayTeacher:
                                  self.path)
                     self._cut, self._newline = offset, False
             offset += len(line) + 1
+        self.name = inner.name if inner is not None else next(
+            (n for n in recorded if n), "replay")
 
     @staticmethod
     def key(prompt: str) -> str:

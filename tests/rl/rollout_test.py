@@ -293,3 +293,44 @@ def test_countdown_expert_noise_shows_rollback():
                 recoveries += 1
                 assert before.perturbed or before.action.lower() in ("rollback", "reset")
     assert recoveries > 0
+
+
+def test_skill_calls_feed_the_next_observation_and_are_recorded(tok, pool):
+    from skilljax.skills.evolution import Catalog, CatalogConfig, EvolvingBank
+    from skilljax.skills.retrieval import TfidfEmbedder
+    bank = EvolvingBank()
+    bank.add(title="Heat steps", principle="steps: take <A>, use heater, put <A> in <B>",
+             when_to_apply="the task reads like: heat the <A>", category="heat", name="heat_steps")
+    catalog = Catalog(bank, TfidfEmbedder(), CatalogConfig(instruction=""))
+    task = next(t for t in Chores.make_tasks("train", 12, seed=0) if t.type == "heat")
+    env = Chores()
+    env.reset(task)
+    first = env.expert_action()
+    enc = lambda s: tok.encode(s) + [tok.im_end_id]
+    # Member 0: a call after the action, then one with an unknown name and a second tag.
+    # Member 1: a call inside the action (invalid format; the action still parses and runs).
+    responses = [enc(f"<think>a</think><action>{first}</action><skill>heat_steps</skill>"),
+                 enc(f"<think>a</think><action>{first} <skill>heat_steps</skill></action>"),
+                 enc("<think>b</think><action>use heater</action><skill>nope</skill>"
+                     "<skill>heat_steps</skill>"),
+                 enc("<think>b</think><action>use heater</action>")]
+    recorder = Recording(Scripted(responses))
+    res = rollout(recorder, tok, pool, [task], RolloutConfig(group_size=2, max_turns=2),
+                  jax.random.key(0), catalog=catalog)
+    first_prompts = [tok.decode(p) for p in recorder.calls[0][0]]
+    assert all("- heat_steps: the task reads like: heat the <A>" in p for p in first_prompts)
+    second = [tok.decode(p) for p in recorder.calls[1][0]]
+    assert all("Skill output: call_name: heat_steps" in p and
+               "principle: steps: take <A>, use heater, put <A> in <B>" in p for p in second)
+    s = res.samples
+    assert (s[0].action, s[0].valid) == (first, True)
+    assert (s[1].action, s[1].valid, s[1].invalid_reason) == (first, False,
+                                                               "skill tag inside the action")
+    t0, t1 = res.trajectories
+    assert t0.calls == [{"step": 0, "names": ["heat_steps"], "skill_id": "s0001"},
+                        {"step": 1, "names": ["nope", "heat_steps"], "skill_id": None}]
+    assert t1.calls == [{"step": 0, "names": ["heat_steps"], "skill_id": "s0001"}]
+    # Trajectories keep the env's own observations; the skill output went to the next prompt.
+    assert "Skill output" not in t0.observations[0]
+    assert res.stats["skill_calls"] == 2.0 and res.stats["skill_calls_unknown"] == 1  # 4 tags
+    assert t0.goal == task.payload["goal"] and len(t0.observations) == 2

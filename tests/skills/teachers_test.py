@@ -304,7 +304,7 @@ def test_replay_records_then_replays_offline(tmp_path):
     path = tmp_path / "teacher.jsonl"
     inner = Echo()
     rec = ReplayTeacher(path, inner)
-    assert rec.name == "replay(echo)"
+    assert rec.name == "echo"
     a = rec.complete(Prompt("first", kind="abstraction"))
     b = rec.complete_many(["second", "first", "second"])
     assert inner.calls == 2 and (rec.hits, rec.misses) == (2, 2)  # "second" asked once
@@ -316,7 +316,7 @@ def test_replay_records_then_replays_offline(tmp_path):
     assert rows[0]["key"] == hashlib.sha256("first".encode("utf-8")).hexdigest()
 
     replay = ReplayTeacher(path)
-    assert replay.name == "replay"
+    assert replay.name == "echo"  # the recorded teacher
     assert replay.complete("first") == a and replay.complete_many(["second"]) == b[:1]
     assert replay.hits == 2 and inner.calls == 2
     with pytest.raises(TeacherError, match=r"induction prompt [0-9a-f]{12} in .*jsonl.*seed"):
@@ -365,7 +365,7 @@ def test_make_teacher_kinds(tmp_path, monkeypatch):
     rule = Echo()
     t = make_teacher(TeacherConfig(kind="rule"), cache_path=cache, rule=rule)
     assert isinstance(t, ReplayTeacher) and t.inner is rule and t.path == cache
-    assert isinstance(t, teachers.Teacher) and t.name == "replay(echo)"
+    assert isinstance(t, teachers.Teacher) and t.name == "echo"
     t.complete("x")
     with pytest.raises(ValueError, match="rule"):
         make_teacher(TeacherConfig(kind="rule"), cache_path=cache)
@@ -422,7 +422,7 @@ def test_local_teacher_is_reproducible(tiny, tmp_path):
     # The "policy" kind wraps the caller's model; the "local" kind loads an exported checkpoint.
     t = make_teacher(TeacherConfig(kind="policy", max_new_tokens=8),
                      cache_path=tmp_path / "p.jsonl", policy=tiny)
-    assert isinstance(t.inner, LocalTeacher) and t.name == "replay(policy)"
+    assert isinstance(t.inner, LocalTeacher) and t.name == "policy"
     assert t.complete("review this skill") == first
     from skilljax.models import hf_io
     ckpt = hf_io.export(tiny[0], tmp_path / "ckpt")
