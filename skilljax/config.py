@@ -93,6 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
         expert_repeat=0.0,            # share of those that repeat the previous action
         prompt_loss_weight=0.0,       # weight of the prompt tokens' mean NLL in the loss
         cache_dir="",                 # share warm starts between runs with equal inputs
+        catalog_distractors=3,        # SkillForge: other tasks' skills in each episode's catalog
     )
     c.rl = dict(
         steps=180,                    # RL steps

@@ -118,14 +118,15 @@ class TaskCatalogs:
 
 
 def skill_catalogs(c, pool, tok, fmt, tasks) -> TaskCatalogs:
-    """`TaskCatalogs` for warm-start tasks, from their expert episodes."""
+    """`TaskCatalogs` for warm-start tasks, from their expert episodes (`sft.catalog_distractors`
+    other skills in each catalog)."""
     from skilljax.experiment import catalog_config, rollout_config
     from skilljax.skills.evolver import episodes_from
     from skilljax.skills.retrieval import make_embedder
     cfg = dataclasses.replace(rollout_config(c, evaluation=True), group_size=1)
     plain = rollout(None, tok, pool, tasks, cfg, jax.random.key(0), fmt=fmt, expert=True)
     return TaskCatalogs(episodes_from(plain.trajectories), make_embedder(c.evolution.embedder),
-                        catalog_config(c))
+                        catalog_config(c), distractors=c.sft.catalog_distractors)
 
 
 def bare_task_options(c) -> list[dict]:
