@@ -56,6 +56,10 @@ def get_config(arg=None):
     # wrote other tasks' names, or text, inside the tag). During RL a task's catalog holds only
     # skills of its type, usually one.
     c.sft.catalog_distractors = 0
+    # Skills called by id (s0007), one name vocabulary for the warm start and RL: with
+    # `<verb>_steps` names the warm-started policy wrote warm-start verbs' names and never copied
+    # a benchmark skill's name from the catalog (docs/results.md, SkillForge diagnosis).
+    c.evolution.call_names = "id"
     c.rl.steps = 120
     # Responses carry a call after the action ("<action>use heater</action><skill>heat_steps
     # </skill>", up to ~18 tokens of the trained tokenizer): 16 would cut the tag (invalid).

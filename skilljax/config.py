@@ -163,6 +163,7 @@ def base_config() -> ml_collections.ConfigDict:
         general_k=6,                  # catalog: top general skills k_g
         specific_k=6,                 # catalog: top skills of the task's type k_s
         instruction=None,             # the catalog's calling instruction; None = the default
+        call_names="title",           # "title" (from the teacher's name / title) or "id" (s0007)
         embedder="auto",              # "auto", "tfidf" or a sentence-transformers model dir
         every=5,                      # I: steps between evolution steps
         alpha=0.1,                    # EMA smoothing of p̂ (eq. 7)

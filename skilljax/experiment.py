@@ -123,7 +123,14 @@ def catalog_config(c):
 
 def initial_bank(c):
     """`evolution.initial_bank`: "" (empty), "env" (the env's markdown bank, one record per
-    section), or a JSON file of skill records."""
+    section), or a JSON file of skill records; called by id with `evolution.call_names="id"`."""
+    bank = _initial_bank(c)
+    if c.evolution.call_names not in ("title", "id"):
+        raise ValueError(f"evolution.call_names={c.evolution.call_names!r}: 'title' or 'id'.")
+    return bank.call_by_id() if c.evolution.call_names == "id" else bank
+
+
+def _initial_bank(c):
     from skilljax.skills.evolution import EvolvingBank
     spec = c.evolution.initial_bank
     if not spec:

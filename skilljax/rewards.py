@@ -74,3 +74,19 @@ def reuse_step(reuse: SegmentationCost, env_name: str, res) -> tuple[list, dict]
     m["reuse_extract_s"] = time.perf_counter() - t0
     terms = [segmentation_term(reuse, env_name)] if reuse.config.mode != "none" else []
     return terms, m
+
+
+def chain_rewards(r1: float, r2: float, q2_used_skill_from_q1: bool, q2_used_skill: bool,
+                  has_code: tuple[bool, bool] = (True, True)) -> tuple[float, float]:
+    """SAGE's skill-integrated reward of a two-task chain (paper 004; issue 30):
+    R₁ = r₁ + 1[r₁=1]·1[r₂=1]·1_skill(q₂|q₁) — task 1 is credited when a function it created was
+    called by task 2's successful code; R₂ = r₂ + 1[r₂=1]·1_skill(q₂) — task 2 when its successful
+    code used a skill. A response with no code scores −1 whatever else holds.
+    `r1`, `r2`: the tasks' outcomes, 0 or 1."""
+    for name, r in (("r1", r1), ("r2", r2)):
+        if r not in (0, 1):
+            raise ValueError(f"chain_rewards: {name}={r!r}; task outcomes are 0 or 1.")
+    big1 = -1.0 if not has_code[0] else float(
+        r1 + (r1 == 1) * (r2 == 1) * bool(q2_used_skill_from_q1))
+    big2 = -1.0 if not has_code[1] else float(r2 + (r2 == 1) * bool(q2_used_skill))
+    return big1, big2

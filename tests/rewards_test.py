@@ -75,3 +75,22 @@ def test_step_scores_feed_every_estimator_as_the_direct_calls():
         losses.advantages("ppo", x)
     with pytest.raises(ValueError, match="rl.group_stats='episode'"):
         losses.AdvantageConfig(group_stats="episode")
+
+
+@pytest.mark.parametrize("r1,r2,from_q1,used,has_code,want", [
+    (1, 1, True, True, (True, True), (2.0, 2.0)),     # task 2 reused task 1's function
+    (1, 1, False, True, (True, True), (1.0, 2.0)),    # task 2 used a skill, not task 1's
+    (1, 1, False, False, (True, True), (1.0, 1.0)),
+    (1, 0, True, True, (True, True), (1.0, 0.0)),     # reuse that failed credits nobody
+    (0, 1, True, True, (True, True), (0.0, 2.0)),     # task 1 failed: no credit for it
+    (0, 0, False, False, (True, True), (0.0, 0.0)),
+    (1, 1, True, True, (False, True), (-1.0, 2.0)),   # no code in a response: −1
+    (1, 1, True, True, (True, False), (2.0, -1.0)),
+])
+def test_chain_rewards_table(r1, r2, from_q1, used, has_code, want):
+    assert rewards.chain_rewards(r1, r2, from_q1, used, has_code) == want
+
+
+def test_chain_rewards_rejects_non_binary_outcomes():
+    with pytest.raises(ValueError, match="0 or 1"):
+        rewards.chain_rewards(10.0, 1, True, True)

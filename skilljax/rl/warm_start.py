@@ -53,7 +53,8 @@ class TaskCatalogs:
     `skills.evolution.Catalog` for `rl.rollout`; descriptions without a skill get no catalog.
     """
 
-    def __init__(self, episodes: list[dict], embedder, cfg, distractors: int = 3):
+    def __init__(self, episodes: list[dict], embedder, cfg, distractors: int = 3,
+                 naming: str = "title", id_range: int = 64):
         from skilljax.skills import teacher_prompts as tp
         from skilljax.skills.evolution import EvolvingBank, SkillRecord
         from skilljax.skills.rule_teacher import RuleTeacher
@@ -70,7 +71,10 @@ class TaskCatalogs:
                 failure_counts={})))
             if skills:
                 s = skills[0]
-                records.append(SkillRecord(f"w{len(records)}", s["skill_id"], s["title"],
+                # By id: a name from the ids RL banks use (s0001 ... s00NN), drawn per task.
+                name = (f"s{1 + _hash(e['task']) % id_range:04d}" if naming == "id"
+                        else s["skill_id"])
+                records.append(SkillRecord(f"w{len(records)}", name, s["title"],
                                            s["principle"], s["when_to_apply"], e["task_type"],
                                            s["intent"]))
                 self.own[e["task"]] = len(records) - 1
@@ -85,8 +89,7 @@ class TaskCatalogs:
             i = self.own[description]
             own = self.records[i]
             # Deterministic distractors with other triggers and other call names.
-            rng = np.random.default_rng(int(hashlib.sha256(description.encode()).hexdigest()[:8],
-                                            16))
+            rng = np.random.default_rng(_hash(description))
             picks, names = [own], {own.call_name}
             for j in rng.permutation(len(self.records)):
                 r = self.records[int(j)]
@@ -117,6 +120,10 @@ class TaskCatalogs:
         return self.records[i].call_name if i is not None else None
 
 
+def _hash(text: str) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+
+
 def skill_catalogs(c, pool, tok, fmt, tasks) -> TaskCatalogs:
     """`TaskCatalogs` for warm-start tasks, from their expert episodes (`sft.catalog_distractors`
     other skills in each catalog)."""
@@ -126,7 +133,8 @@ def skill_catalogs(c, pool, tok, fmt, tasks) -> TaskCatalogs:
     cfg = dataclasses.replace(rollout_config(c, evaluation=True), group_size=1)
     plain = rollout(None, tok, pool, tasks, cfg, jax.random.key(0), fmt=fmt, expert=True)
     return TaskCatalogs(episodes_from(plain.trajectories), make_embedder(c.evolution.embedder),
-                        catalog_config(c), distractors=c.sft.catalog_distractors)
+                        catalog_config(c), distractors=c.sft.catalog_distractors,
+                        naming=c.evolution.call_names)
 
 
 def bare_task_options(c) -> list[dict]:
@@ -166,7 +174,7 @@ def cache_entry(c, max_turns: int) -> Path | None:
     parts["max_turns"] = max_turns
     if c.evolution.enabled:  # the warm start shows catalogs and calls skills
         parts["evolution"] = {k: cfg["evolution"][k] for k in
-                              ("general_k", "specific_k", "instruction", "embedder")}
+                              ("general_k", "specific_k", "instruction", "embedder", "call_names")}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
     return Path(c.sft.cache_dir) / key
 

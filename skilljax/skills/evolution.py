@@ -120,11 +120,18 @@ def call_name(text: str) -> str:
 
 
 class EvolvingBank:
-    """The skill records, in creation order; ids and call names are unique."""
+    """The skill records, in creation order; ids and call names are unique.
 
-    def __init__(self, records: Iterable[SkillRecord] = (), next_id: int = 1):
+    `naming`: "title" calls a skill by a name made from the teacher's name or title (the paper's
+    callable titles); "id" by its id (s0007): one small vocabulary of names, which a tiny policy
+    learns to copy from a catalog where it cannot copy words it never wrote (docs/results.md)."""
+
+    def __init__(self, records: Iterable[SkillRecord] = (), next_id: int = 1,
+                 naming: str = "title"):
+        if naming not in ("title", "id"):
+            raise ValueError(f"call names by {naming!r}: choose 'title' or 'id'.")
         self.records: dict[str, SkillRecord] = {}
-        self.next_id = next_id
+        self.next_id, self.naming = next_id, naming
         for r in records:
             self._insert(r)
 
@@ -139,17 +146,25 @@ class EvolvingBank:
             intent: str = "", name: str = "", provenance: dict | None = None) -> SkillRecord:
         """A new record with a fresh id and a call name unique in the bank (from `name`, else the
         title)."""
-        base = call_name(name or title)
+        sid = f"s{self.next_id:04d}"
+        base = sid if self.naming == "id" else call_name(name or title)
         taken = {r.call_name for r in self.records.values()}
         cname, k = base, 2
         while cname in taken:
             cname, k = f"{base}_{k}", k + 1
-        r = SkillRecord(f"s{self.next_id:04d}", cname, title.strip(), principle.strip(),
+        r = SkillRecord(sid, cname, title.strip(), principle.strip(),
                         when_to_apply.strip(), category, intent.strip(),
                         provenance=[provenance] if provenance else [])
         self.next_id += 1
         self._insert(r)
         return r
+
+    def call_by_id(self) -> EvolvingBank:
+        """Every skill called by its id from now on (a loaded bank, for `naming="id"`)."""
+        self.naming = "id"
+        for r in self.records.values():
+            r.call_name = r.id
+        return self
 
     def active(self) -> list[SkillRecord]:
         return [r for r in self.records.values() if r.status == "active"]
@@ -176,13 +191,15 @@ class EvolvingBank:
         return n
 
     def to_json(self) -> dict:
-        return {"next_id": self.next_id, "skills": [r.to_json() for r in self.records.values()]}
+        return {"next_id": self.next_id, "naming": self.naming,
+                "skills": [r.to_json() for r in self.records.values()]}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | list) -> EvolvingBank:
         """A bank from `to_json()`, or from a bare list of records (hand-written banks)."""
         items = d if isinstance(d, list) else d.get("skills", [])
-        bank = cls([SkillRecord.from_json(x) for x in items])
+        bank = cls([SkillRecord.from_json(x) for x in items],
+                   naming=(d.get("naming") if isinstance(d, Mapping) else None) or "title")
         bank.next_id = (d.get("next_id") if isinstance(d, Mapping) else None) or max(
             [int(m.group(1)) for r in bank.records.values()
              if (m := re.fullmatch(r"s(\d+)", r.id))], default=0) + 1

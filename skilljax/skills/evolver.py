@@ -59,12 +59,17 @@ class EvolutionConfig:
     domain_rules: str = ""
 
 
+NOTHING = "Nothing happens"
+
+
 def episodes_from(trajectories) -> list[dict]:
     """Rollout trajectories (`rl.rollout.Trajectory`) as the episodes `Evolver.observe` takes."""
     out = []
     for t in trajectories:
         by_step = {c["step"]: c for c in t.calls}
-        steps = [{"action": a, "observation": o, "applied": bool(v),
+        # Applied: the env took the action and something happened (chores and ALFWorld answer an
+        # admissible action that does nothing with "Nothing happens.").
+        steps = [{"action": a, "observation": o, "applied": bool(v) and NOTHING not in o,
                   "skill": (by_step[k]["names"][0] if k in by_step else "")}
                  for k, (a, o, v) in enumerate(zip(t.actions, t.observations, t.env_valid))]
         out.append({"task": t.goal or t.task.id, "task_type": t.task.type,

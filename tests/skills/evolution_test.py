@@ -148,3 +148,17 @@ def test_packaged_skillforge_bank_loads():
     b = EvolvingBank.load(os.path.join(PACKAGED_DIR, "chores", "skillforge_bank.json"))
     assert sorted(r.category for r in b.active()) == ["clean", "cool", "heat", "light", "place",
                                                       "prepare"]
+
+
+def test_call_by_id():
+    b = EvolvingBank(naming="id")
+    r = b.add(title="Heat steps", principle="p", when_to_apply="w", category="heat",
+              name="heat_steps")
+    assert r.call_name == "s0001"
+    loaded = EvolvingBank.from_json(json.loads(json.dumps(b.to_json())))
+    assert loaded.naming == "id" and loaded.add(title="x", principle="p", when_to_apply="w",
+                                                category="heat").call_name == "s0002"
+    hand = _bank().call_by_id()
+    assert [r.call_name for r in hand.active()] == ["s0001", "s0002", "s0003"]
+    with pytest.raises(ValueError, match="'title' or 'id'"):
+        EvolvingBank(naming="number")

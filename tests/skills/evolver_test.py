@@ -180,3 +180,19 @@ def test_replay_teacher_reproduces_the_bank_exactly(tmp_path):
     with pytest.raises(TeacherError, match="did not"):
         Evolver(EvolvingBank(), ReplayTeacher(cache), None, EvolutionConfig()).teacher.complete(
             "another prompt")
+
+
+def test_episodes_from_marks_actions_that_did_nothing():
+    from skilljax.envs.base import Task
+    from skilljax.rl.rollout import Trajectory
+    from skilljax.skills.evolver import episodes_from
+    t = Trajectory(Task("t0", "heat", "train", {}), 0, 0, actions=["take egg", "use fan",
+                                                                   "use heater"],
+                   env_valid=[True, True, True], won=True, goal="heat the egg.",
+                   observations=["You take the egg.", "You walk to the garage. Nothing happens.",
+                                 "You use the heater on the egg."],
+                   calls=[{"step": 1, "names": ["s0001"], "skill_id": "s0001"}])
+    [e] = episodes_from([t])
+    assert [s["applied"] for s in e["steps"]] == [True, False, True]
+    assert [s["skill"] for s in e["steps"]] == ["", "s0001", ""]
+    assert (e["outcome"], e["called"], e["task"]) == ("SUCCESS", ["s0001"], "heat the egg.")

@@ -154,10 +154,15 @@ class FakeServer:
                     n = len(outer.requests)
                     outer.in_flight += 1
                     outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
+                status, payload, delay = outer.behave(n, body)
+                if delay:
+                    outer.release.wait(delay)
+                # Out of flight before the answer goes out: the client may send its next request
+                # as soon as it reads this one's answer, which a busy machine can schedule before
+                # this thread runs again.
+                with outer.lock:
+                    outer.in_flight -= 1
                 try:
-                    status, payload, delay = outer.behave(n, body)
-                    if delay:
-                        outer.release.wait(delay)
                     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
@@ -166,9 +171,6 @@ class FakeServer:
                     self.wfile.write(data)
                 except OSError:  # the client gave up (timeout test)
                     pass
-                finally:
-                    with outer.lock:
-                        outer.in_flight -= 1
 
             def log_message(self, *args):
                 pass
