@@ -269,10 +269,7 @@ def load_config(spec: str, overrides: list[str] | None = None) -> ml_collections
     path, _, arg = spec.partition(":")
     if not os.path.exists(path):
         raise FileNotFoundError(f"Config file {path!r} not found.")
-    module_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(arg or None)
+    config = _exec_module(path).get_config(arg or None)
     check_schema(config, f"{path}'s get_config({arg!r})")
     apply_overrides(config, overrides or [])
     return config
@@ -373,8 +370,12 @@ def _migrate(values: dict) -> dict:
 
 def config_module(name: str):
     """Another file of configs/ as a module (a config built on another's get_config)."""
-    path = Path(__file__).resolve().parent.parent / "configs" / name
-    spec = importlib.util.spec_from_file_location(f"skilljax_configs_{path.stem}", path)
+    return _exec_module(Path(__file__).resolve().parent.parent / "configs" / name)
+
+
+def _exec_module(path: str | os.PathLike):
+    """A config file's module, executed from its path."""
+    spec = importlib.util.spec_from_file_location(f"skilljax_configs_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
