@@ -27,7 +27,13 @@ from skilljax.envs import base as envs_base
 from skilljax.rl import sft
 from skilljax.rl.checkpoint import Checkpointer
 from skilljax.rl.rollout import rollout
+from skilljax.skills import teacher_prompts as tp
 from skilljax.skills.bank import SkillBank
+from skilljax.skills.evolution import (CallResult, Catalog, EvolvingBank, SkillRecord,
+                                       split_calls)
+from skilljax.skills.evolver import episodes_from
+from skilljax.skills.retrieval import make_embedder
+from skilljax.skills.rule_teacher import RuleTeacher
 
 if TYPE_CHECKING:
     from skilljax.experiment import Run
@@ -55,9 +61,6 @@ class TaskCatalogs:
 
     def __init__(self, episodes: list[dict], embedder, cfg, distractors: int = 3,
                  naming: str = "title", id_range: int = 64):
-        from skilljax.skills import teacher_prompts as tp
-        from skilljax.skills.evolution import EvolvingBank, SkillRecord
-        from skilljax.skills.rule_teacher import RuleTeacher
         teacher = RuleTeacher(min_support=1)
         self.embedder, self.cfg, self.own = embedder, cfg, {}
         records: list[SkillRecord] = []
@@ -78,11 +81,10 @@ class TaskCatalogs:
                                            s["principle"], s["when_to_apply"], e["task_type"],
                                            s["intent"]))
                 self.own[e["task"]] = len(records) - 1
-        self.records, self._bank_cls = records, EvolvingBank
+        self.records = records
         self.distractors, self._catalogs = distractors, {}
 
     def _catalog(self, description: str):
-        from skilljax.skills.evolution import Catalog
         if description not in self.own:
             return None
         if description not in self._catalogs:
@@ -98,7 +100,7 @@ class TaskCatalogs:
                 if r.when_to_apply != own.when_to_apply and r.call_name not in names:
                     picks.append(r)
                     names.add(r.call_name)
-            bank = self._bank_cls([dataclasses.replace(r, id=f"w{k}") for k, r in enumerate(picks)])
+            bank = EvolvingBank([dataclasses.replace(r, id=f"w{k}") for k, r in enumerate(picks)])
             self._catalogs[description] = Catalog(bank, self.embedder, self.cfg)
         return self._catalogs[description]
 
@@ -107,7 +109,6 @@ class TaskCatalogs:
         return cat.text(description, task_type) if cat is not None else ""
 
     def respond(self, description: str, task_type: str, text: str):
-        from skilljax.skills.evolution import CallResult, split_calls
         cat = self._catalog(description)
         if cat is None:
             clean, names, problems = split_calls(text)
@@ -128,8 +129,6 @@ def skill_catalogs(c, pool, tok, fmt, tasks) -> TaskCatalogs:
     """`TaskCatalogs` for warm-start tasks, from their expert episodes (`sft.catalog_distractors`
     other skills in each catalog)."""
     from skilljax.experiment import catalog_config, rollout_config
-    from skilljax.skills.evolver import episodes_from
-    from skilljax.skills.retrieval import make_embedder
     cfg = dataclasses.replace(rollout_config(c, evaluation=True), group_size=1)
     plain = rollout(None, tok, pool, tasks, cfg, jax.random.key(0), fmt=fmt, expert=True)
     return TaskCatalogs(episodes_from(plain.trajectories), make_embedder(c.evolution.embedder),
