@@ -106,6 +106,7 @@ class Env:
 # name → "module:Class", imported lazily so a worker imports only the env it runs.
 _REGISTRY: dict[str, str] = {
     "alfworld": "skilljax.envs.alfworld:AlfWorld",
+    "apps": "skilljax.envs.apps.env:Apps",
     "chores": "skilljax.envs.chores:Chores",
     "countdown": "skilljax.envs.countdown:Countdown",
     "search_qa": "skilljax.envs.search_qa:SearchQA",

@@ -4,7 +4,10 @@
 
 `--tasks k=v,...` passes options to the env's task generator (e.g. `difficulty=hard` for
 textworld_cooking, `source=random` for chores), `--env-args k=v,...` to its constructor. The last
-stdout line is JSON: {"success_rate", "mean_steps", "env_steps_per_s", "episodes", ...}.
+stdout line is JSON: {"success_rate", "mean_steps", "env_steps_per_s", "episodes", ...}; for envs
+whose tasks come in scenarios (apps), also "scenario_success_rate" (SGC: the share of scenarios,
+played whole, with every task solved; `--episodes 150` = 50 scenarios of three) and "scenarios".
+A random policy picks among the admissible actions, or an env's `sample_actions` (apps).
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ def play(env: str, policy: str, episodes: int, workers: int = 2, seed: int = 0,
     cls = base.env_class(env)
     tasks = cls.make_tasks(split, episodes, seed=seed, **(task_options or {}))
     rng = random.Random(seed)
-    wins, steps, failures, per_type = 0, [], [], {}
+    wins, steps, failures, per_type, scenarios = 0, [], [], {}, {}
     env_steps, env_time = 0, 0.0
     with EnvPool(env, num_workers=workers, env_kwargs=env_kwargs, timeout_s=timeout_s) as pool:
         for start in range(0, len(tasks), batch):
             chunk = tasks[start:start + batch]
             resets = pool.reset(chunk, seeds=[seed * 100003 + start + i for i in range(len(chunk))])
             live = {i for i, r in enumerate(resets) if r.failure is None}
-            admissible = {i: resets[i].info.get("admissible_actions") for i in live}
+            admissible = {i: _choices(resets[i].info) for i in live}
             results = {i: None for i in range(len(chunk))}
             count = {i: 0 for i in range(len(chunk))}
             for i, r in enumerate(resets):
@@ -51,7 +54,7 @@ def play(env: str, policy: str, episodes: int, workers: int = 2, seed: int = 0,
                 env_steps += len(actions)
                 for i, r in out.items():
                     count[i] += 1
-                    admissible[i] = r.info.get("admissible_actions")
+                    admissible[i] = _choices(r.info)
                     if r.done:
                         live.discard(i)
                         results[i] = r
@@ -60,16 +63,31 @@ def play(env: str, policy: str, episodes: int, workers: int = 2, seed: int = 0,
             for i, task in enumerate(chunk):
                 won = bool(results[i] and results[i].won)
                 wins += won
+                if "scenario" in task.payload:
+                    scenarios.setdefault(task.payload["scenario"], []).append(won)
                 steps.append(count[i])
                 t = per_type.setdefault(task.type, [0, 0])
                 t[0] += won
                 t[1] += 1
                 if verbose:
                     print(f"{task.id} ({task.type}): {'won' if won else 'lost'} in {count[i]} steps")
-    return dict(success_rate=wins / max(len(tasks), 1), mean_steps=sum(steps) / max(len(steps), 1),
-                env_steps_per_s=env_steps / env_time if env_time else 0.0, episodes=len(tasks),
-                per_type={k: v[0] / v[1] for k, v in sorted(per_type.items())},
-                failures=len(failures), restarts=pool.restarts)
+    stats = dict(success_rate=wins / max(len(tasks), 1),
+                 mean_steps=sum(steps) / max(len(steps), 1),
+                 env_steps_per_s=env_steps / env_time if env_time else 0.0, episodes=len(tasks),
+                 per_type={k: v[0] / v[1] for k, v in sorted(per_type.items())},
+                 failures=len(failures), restarts=pool.restarts)
+    if scenarios:  # envs with scenarios (apps): SGC over the scenarios played whole
+        size = max(len(v) for v in scenarios.values())
+        whole = [all(v) for v in scenarios.values() if len(v) == size]
+        stats.update(scenario_success_rate=sum(whole) / max(len(whole), 1),
+                     scenarios=len(whole))
+    return stats
+
+
+def _choices(info: dict) -> list[str] | None:
+    """What a random policy picks from: the admissible actions, or an env's sample actions (apps:
+    random single API calls) where the game has no admissible set."""
+    return info.get("admissible_actions") or info.get("sample_actions")
 
 
 def main(argv=None) -> None:
