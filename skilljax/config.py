@@ -74,7 +74,7 @@ def base_config() -> ml_collections.ConfigDict:
         require_think=True,           # responses must hold <think>...</think> before the action
         instruction=None,             # response-format instruction; None = the format's own
         max_prompt_tokens=4096,       # longer prompts are cut from the history; None = no limit
-        format="think_action",        # "think_action" or "search_answer"
+        format="think_action",        # "think_action", "search_answer" or "code" (apps)
     )
     c.sft = dict(                     # the supervised warm start (skilljax.rl.warm_start)
         steps=0,                      # optimizer steps (a budget with check_every); 0 = none

@@ -33,15 +33,19 @@ from skilljax.tokenizer import Tokenizer
 
 
 def response_format(c):
-    """`prompt.format`: "think_action" (`<think>`/`<action>`, ALFWorld-style envs) or
-    "search_answer" (`<search>`/`<answer>`, Search-QA)."""
+    """`prompt.format`: "think_action" (`<think>`/`<action>`, ALFWorld-style envs),
+    "search_answer" (`<search>`/`<answer>`, Search-QA) or "code" (`<code>`, the apps env)."""
     kind = c.prompt.format
     kw = {} if c.prompt.instruction is None else {"instruction": c.prompt.instruction}
     if kind == "search_answer":
         from skilljax.envs.search_qa import SearchAnswer
         return SearchAnswer(**kw)
+    if kind == "code":
+        from skilljax.envs.apps.env import CodeAction
+        return CodeAction(**kw)
     if kind != "think_action":
-        raise ValueError(f"prompt.format={kind!r}; choose 'think_action' or 'search_answer'.")
+        raise ValueError(f"prompt.format={kind!r}; choose 'think_action', 'search_answer' or "
+                         "'code'.")
     return ThinkAction(require_think=c.prompt.require_think, **kw)
 
 

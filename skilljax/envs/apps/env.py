@@ -23,9 +23,12 @@ API calls for `play --policy random`.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import random
+import re
 import shutil
+import textwrap
 import sqlite3
 import tempfile
 from typing import Any
@@ -38,6 +41,40 @@ from skilljax.skills.library import extract_functions
 INTRO = ("Apps: contacts, calendar, notes, shop, payments, called as apis.APP.API(...). "
          "print(apis.api_docs.show_api_descriptions(APP)) lists an app's APIs. "
          "Finish with apis.supervisor.complete_task(answer=None).")
+
+
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeAction:
+    """A response's code cell: the text inside one `<code> </code>` block, kept as written (case,
+    indentation and newlines matter in Python; the common indentation is removed). Invalid: the
+    tags missing or repeated (action "" then: a response with no code), an empty block, CJK text,
+    or undecodable bytes. Text outside the block (reasoning) is allowed and ignored."""
+    instruction: str = ("Reason briefly, then write one Python cell inside <code> </code>; it runs "
+                        "in your session and its output is the next observation.")
+
+    def render(self, action: str, thought: str = "") -> str:
+        think = f"{thought.strip()}\n" if thought.strip() else ""
+        return f"{think}<code>\n{action.strip(chr(10))}\n</code>"
+
+    def parse(self, text: str) -> tuple[str, bool, str]:
+        """(code, valid, reason)."""
+        low = text.lower()
+        if low.count("<code>") != 1 or low.count("</code>") != 1:
+            return "", False, "code tags missing or repeated"
+        start, end = low.index("<code>") + len("<code>"), low.index("</code>")
+        if end < start:
+            return "", False, "code tags out of order"
+        code = textwrap.dedent(text[start:end].strip("\n")).strip("\n")
+        if not code.strip():
+            return "", False, "empty code block"
+        if "\ufffd" in text:
+            return code, False, "undecodable bytes"
+        if _CJK.search(text):
+            return code, False, "CJK characters"
+        return code, True, ""
 
 
 class Apps(Env):
