@@ -48,6 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
         task_options={},              # task generator options (training, validation and test)
         train_tasks=3000,             # size of the training task pool
         test_split="test",            # split the test tasks come from
+        python="",                    # env workers' interpreter ("" = this one; AppWorld's own)
     )
     c.tokenizer = dict(
         path="",                      # directory with tokenizer.json; "" = train one on env text
@@ -94,6 +95,7 @@ def base_config() -> ml_collections.ConfigDict:
         prompt_loss_weight=0.0,       # weight of the prompt tokens' mean NLL in the loss
         cache_dir="",                 # share warm starts between runs with equal inputs
         catalog_distractors=3,        # SkillForge: other tasks' skills in each episode's catalog
+        chains=False,                 # SAGE: expert chains (library passed) over whole scenarios
     )
     c.rl = dict(
         steps=180,                    # RL steps
@@ -199,6 +201,13 @@ def base_config() -> ml_collections.ConfigDict:
             replay_from="",           # replay: a run's skills/teacher_cache.jsonl
             min_support=2,            # rule: successes that must share a pattern
         ),
+    )
+    c.sage = dict(                    # SAGE (paper 004): chains of tasks with a skill library
+        enabled=False,                # play chains of one scenario's tasks (env with scenarios)
+        chain_length=2,               # N: tasks per training chain (evaluation: whole scenarios)
+        library=True,                 # pass each chain's functions to its next task
+        reward=True,                  # the skill-integrated reward (off: the env reward only)
+        validate=True,                # re-run functions in a fresh sandbox before they join
     )
     c.checkpoint = dict(
         every=10,                     # RL steps between checkpoints

@@ -30,6 +30,8 @@ from skilljax.experiment import Run, build_run
 from skilljax.envs.pool import EnvPool
 from skilljax.rl.rollout import (PROMPT_PARTS, RolloutConfig, behaviour_stats, merge, rollout,
                                  skill_text)
+from skilljax.rl.chains import (chain_rollout, chain_stats, library_validator, merge_chains,
+                                scenarios_of)
 from skilljax.rl.checkpoint import Checkpointer
 from skilljax.sampling import Sampler
 from skilljax.tokenizer import Tokenizer
@@ -96,13 +98,56 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
     return out
 
 
+def evaluate_chains(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequence[Task],
+                    cfg: RolloutConfig, rng: jax.Array, *, fmt, samples_per_task: int = 1,
+                    seeds: Sequence[int] = (0,), validate=None,
+                    modes: Sequence[str] = ("with_skills", "without_skills")) -> dict:
+    """Tasks that come in scenarios (apps), played as SAGE's chains over each whole scenario:
+    "with_skills" passes each chain's functions to its next task (`rl.chains`), "without_skills"
+    plays the same tasks with nothing passed. Blocks as `evaluate_policy`'s (success_rate = TGC)
+    plus `scenario_success_rate` (SGC), `skill_use_rate`, `library_size`, `steps_per_scenario`
+    and `tokens_per_scenario` (generated), averaged over the seeds."""
+    scenarios = scenarios_of(tasks)
+    length = min(len(s) for s in scenarios)
+    cfg = dataclasses.replace(cfg, group_size=samples_per_task)
+    out = {}
+    for mode in modes:
+        results, chain_blocks = [], []
+        for j, seed in enumerate(seeds):
+            mine = distributed.shard(len(scenarios))
+            local = chain_rollout(sampler, tok, pool, scenarios[mine.start:mine.stop], cfg,
+                                  jax.random.fold_in(rng, j), length=length,
+                                  num_groups=len(scenarios), validate=validate,
+                                  use_library=mode == "with_skills",
+                                  seeds=[seed * 1_000_003 + i for i in mine],
+                                  group_ids=list(mine), fmt=fmt)
+            res, chains = merge_chains(distributed.allgather_objects(local), len(scenarios))
+            results.append(res)
+            chain_blocks.append(chain_stats(res, chains))
+        block = _block(results, samples_per_task)
+        for key in ("sgc", "skill_use_rate", "library_size", "steps_per_scenario",
+                    "tokens_per_scenario"):
+            block["scenario_success_rate" if key == "sgc" else key] = float(
+                np.mean([b[key] for b in chain_blocks]))
+        out[mode] = block
+    return out
+
+
 def evaluate_run(run: Run, contexts: Mapping[str, str] | None, rng: jax.Array, *,
                  tasks: Sequence[Task] | None = None, seeds: Sequence[int] | None = None,
                  modes: Sequence[str] = ("with_skills", "without_skills"), catalog=None) -> dict:
     """`evaluate_policy` with a run's policy, pool and evaluation settings (`eval.*`): its test
-    tasks and `eval.seeds` seeds unless `tasks` / `seeds` are given."""
+    tasks and `eval.seeds` seeds unless `tasks` / `seeds` are given. Tasks in scenarios (apps)
+    are evaluated as chains (`evaluate_chains`), whatever the run trained with."""
     c = run.config
-    return evaluate_policy(run.sampler, run.tok, run.pool, tasks or run.test_tasks,
+    tasks = tasks or run.test_tasks
+    if tasks and all("scenario" in t.payload for t in tasks):
+        return evaluate_chains(run.sampler, run.tok, run.pool, tasks,
+                               run.rollout_config(evaluation=True), rng, fmt=run.fmt,
+                               samples_per_task=c.eval.samples_per_task,
+                               seeds=seeds or tuple(range(c.eval.seeds)),
+                               validate=library_validator(c), modes=modes)
+    return evaluate_policy(run.sampler, run.tok, run.pool, tasks,
                            run.rollout_config(evaluation=True), rng, contexts=contexts,
                            fmt=run.fmt, samples_per_task=c.eval.samples_per_task,
                            seeds=seeds or tuple(range(c.eval.seeds)), modes=modes,

@@ -9,6 +9,7 @@ arguments. `skilljax.train`, `skilljax.evaluate` and the tools build their runs 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from skilljax.envs import base as envs_base
 from skilljax.envs.pool import EnvPool
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, task_splits, warm_start
+from skilljax.rl.chains import chain_rollout, library_validator, scenarios_of
 from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, rollout
 from skilljax.sampling import Sampler, SamplingParams
 from skilljax.skills import projection
@@ -188,7 +190,7 @@ class Run:
     config: Any
     workdir: Path
     pool: EnvPool
-    bank: SkillBank
+    bank: SkillBank | None  # None: skills off and the env has no packaged bank (apps)
     tok: Tokenizer
     model: Any
     sampler: Sampler
@@ -226,11 +228,18 @@ def build_model(c, tok: Tokenizer, mesh=None):
     return model
 
 
-def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank, fmt, cfg: RolloutConfig,
+def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank | None, fmt, cfg: RolloutConfig,
                      c=None) -> list[str]:
     """Prompts and responses of expert episodes (the texts the policy will read and write);
-    with SkillForge (`c.evolution.enabled`), episodes with skill catalogs and calls too."""
+    with SkillForge (`c.evolution.enabled`), episodes with skill catalogs and calls too; with
+    SAGE's warm start (`c.sft.chains`), expert chains that call their library's functions."""
     probe = Tokenizer.train(["a"], vocab_size=300)  # byte-level, only to render prompts
+    if c is not None and c.sft.chains:
+        scenarios = scenarios_of(tasks)
+        res, _ = chain_rollout(None, probe, pool, scenarios, dataclasses.replace(
+            cfg, group_size=1), jax.random.key(0), length=min(len(s) for s in scenarios),
+            validate=library_validator(c), fmt=fmt, expert=True)
+        return [probe.decode(s.prompt_ids + s.response_ids) for s in res.samples]
     res = rollout(None, probe, pool, tasks, dataclasses.replace(cfg, group_size=1),
                   jax.random.key(0), skill_context=lambda t: warm_start.warmup_context(bank, t),
                   fmt=fmt, expert=True)
@@ -282,9 +291,12 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
         request_host_devices(c.mesh)
     mesh = shd.make_mesh(c.mesh) if c.mesh else None
     pool = EnvPool(c.env.name, num_workers=c.env.workers, env_kwargs=dict(c.env.kwargs),
+                   python=c.env.python or None,
                    timeout_s=c.env.timeout_s)
     try:
-        bank = SkillBank.load(c.skills.dir) if c.skills.dir else SkillBank.for_env(c.env.name)
+        bank = (SkillBank.load(c.skills.dir) if c.skills.dir
+                else SkillBank.for_env(c.env.name)
+                if c.skills.enabled or c.env.name in SkillBank.packaged_envs() else None)
         fmt = response_format(c)
         train_tasks, val_tasks, test_tasks = task_splits.run_tasks(c)
         if c.skills.enabled:

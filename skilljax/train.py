@@ -27,6 +27,7 @@ from etils import epath
 
 from skilljax import config as config_lib
 from skilljax import distributed, rewards
+from skilljax.envs import base as envs_base
 from skilljax.evaluate import evaluate_run
 from skilljax.experiment import (Keys, Run, advantage_config, build_evolver, build_run,
                                  curriculum_config, learner_config, reuse_config, warm_start_cache)
@@ -34,6 +35,8 @@ from skilljax.metrics import MetricsWriter
 from skilljax.rl import batch as batch_lib
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, warm_start
+from skilljax.rl.chains import chain_rollout, chain_terms, library_validator, merge_chains, \
+    scenarios_of
 from skilljax.rl.checkpoint import Checkpointer, RunState
 from skilljax.rl.rollout import merge, rollout
 from skilljax.rl.task_stream import TaskStream
@@ -138,7 +141,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         print("step 0:" + _val_line(m), flush=True)
         save(0)
     rcfg, adv_cfg = run.rollout_config(evaluation=False), advantage_config(c)
-    stream = TaskStream(len(run.train_tasks), c.rl.tasks_per_step, c.seed)
+    success_reward = envs_base.env_class(c.env.name).success_reward
+    # SAGE: the stream draws scenarios; each is played as chains of its first `chain_length` tasks.
+    scenarios = scenarios_of(run.train_tasks) if c.sage.enabled else None
+    stream = TaskStream(len(scenarios) if scenarios else len(run.train_tasks),
+                        c.rl.tasks_per_step, c.seed)
     if state.task_stream or state.step:  # (checkpoints older than the stream: its position)
         stream.set_state(state.task_stream or {"next_index": state.step})
     for step in range(state.step + 1, c.rl.steps + 1):
@@ -150,14 +157,26 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         distributed.check_same("the step and active skills", (step, active))
         # The processes' shares are gathered, so what follows is the same on every process (and
         # as one process would compute it).
-        local = rollout(run.sampler, run.tok, run.pool, [run.train_tasks[i] for i in share.tasks],
-                        rcfg, keys("rollout", step), seeds=share.seeds, group_ids=share.groups,
-                        fmt=run.fmt, catalog=catalog(),
-                        skill_context=curriculum.contexts() if curriculum is not None else {})
-        res = merge(distributed.allgather_objects(local))
+        if scenarios is not None:
+            local, chains = chain_rollout(
+                run.sampler, run.tok, run.pool, [scenarios[i] for i in share.tasks], rcfg,
+                keys("rollout", step), length=c.sage.chain_length, num_groups=c.rl.tasks_per_step,
+                validate=library_validator(c), use_library=c.sage.library, seeds=share.seeds,
+                group_ids=share.groups, fmt=run.fmt)
+            res, chains = merge_chains(distributed.allgather_objects((local, chains)),
+                                       c.rl.tasks_per_step)
+        else:
+            local = rollout(run.sampler, run.tok, run.pool,
+                            [run.train_tasks[i] for i in share.tasks], rcfg, keys("rollout", step),
+                            seeds=share.seeds, group_ids=share.groups, fmt=run.fmt,
+                            catalog=catalog(),
+                            skill_context=curriculum.contexts() if curriculum is not None else {})
+            res = merge(distributed.allgather_objects(local))
         if evolver is not None:  # evidence for the skills called (eq. 7)
             m_evo = evolver.observe(episodes_from(res.trajectories), step)
         terms, m = rewards.reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
+        if scenarios is not None and c.sage.reward:  # SAGE's skill-integrated reward
+            terms.append(chain_terms(res, chains, success_reward))
         # One advantage per step sample (`rl.advantage`: grpo / drgrpo / rloo over each task's
         # group, or gigpo), from the trajectory and step scores; see `losses.advantages`.
         adv = losses.advantages(c.rl.advantage, rewards.step_scores(res, c.rl.invalid_penalty, terms),
@@ -202,7 +221,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
               f"invalid {m['invalid_rate']:.3f} skills {len(active)} episodes "
               f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m)
               + (f" bank {m['bank_size']} calls/episode {m['skill_calls']:.2f}"
-                 if evolver is not None else ""),
+                 if evolver is not None else "")
+              + (f" sgc {m['sgc']:.3f} library {m['library_size']:.2f} skill use "
+                 f"{m['skill_use_rate']:.2f}" if scenarios is not None else ""),
               flush=True)
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
             state.task_stream = stream.get_state()
@@ -289,8 +310,11 @@ def _val_line(m: dict) -> str:
 
 def _print_eval(phase: str, block: dict) -> None:
     w, wo = block["with_skills"], block["without_skills"]
-    print(f"eval {phase}: with skills {w['success_rate']:.3f} ({w['tokens_per_step']:.0f} tok/step)"
-          f", without {wo['success_rate']:.3f} ({wo['tokens_per_step']:.0f} tok/step)", flush=True)
+    sgc = lambda b: (f", SGC {b['scenario_success_rate']:.3f}" if "scenario_success_rate" in b
+                     else "")
+    print(f"eval {phase}: with skills {w['success_rate']:.3f}{sgc(w)} ({w['tokens_per_step']:.0f} "
+          f"tok/step), without {wo['success_rate']:.3f}{sgc(wo)} ({wo['tokens_per_step']:.0f} "
+          "tok/step)", flush=True)
 
 
 def main(argv=None) -> None:

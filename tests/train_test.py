@@ -454,3 +454,22 @@ def test_skillforge_alfworld_runlocal(tmp_path):
     assert len(records) >= 8 and {r["category"] for r in records} >= {"general"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["eval"]["final"]) == {"with_skills", "without_skills"}
+
+
+def test_sage_runlocal_plays_chains_and_evaluates_scenarios(tmp_path):
+    """SAGE end to end (configs/sage_appworld.py's runlocal runs the offline apps env): expert-chain
+    warm start, chain rollouts with the chain reward, evaluation over whole scenarios."""
+    run_module("skilljax.train", "--config", str(ROOT / "configs" / "sage_appworld.py")
+               + ":runlocal", "--workdir", tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    keys = {"sgc", "tgc", "library_size", "skill_use_rate", "steps_per_scenario",
+            "tokens_per_scenario"}
+    assert all(keys <= set(r) for r in rows if r["step"] > 0)
+    # Chains of two tasks, two chains per scenario, two scenarios per step.
+    assert all(r["episodes"] == 8 for r in rows if r["step"] > 0)
+    final = json.loads((tmp_path / "summary.json").read_text())["eval"]["final"]
+    for mode in ("with_skills", "without_skills"):
+        assert {"scenario_success_rate", "tokens_per_scenario", "steps_per_scenario"} <= \
+            set(final[mode])
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["sage"]["enabled"] and config["prompt"]["format"] == "code"

@@ -107,6 +107,7 @@ class Env:
 _REGISTRY: dict[str, str] = {
     "alfworld": "skilljax.envs.alfworld:AlfWorld",
     "apps": "skilljax.envs.apps.env:Apps",
+    "appworld": "skilljax.envs.apps.appworld_env:AppWorldEnv",
     "chores": "skilljax.envs.chores:Chores",
     "countdown": "skilljax.envs.countdown:Countdown",
     "search_qa": "skilljax.envs.search_qa:SearchQA",

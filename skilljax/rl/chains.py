@@ -22,14 +22,16 @@ is `scale · (R − r)`, scale = the env's success reward, so a success is worth
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
 from skilljax.envs.base import Task
-from skilljax.rl.rollout import RolloutConfig, RolloutResult, Trajectory, _stats, rollout
-from skilljax.skills.library import SkillLibrary, extract_functions, used_in
+from skilljax.rl.rollout import (RolloutConfig, RolloutResult, Trajectory, _stats, merge,
+                                 rollout)
+from skilljax.skills.library import SkillLibrary, extract_functions, sandbox_validator, used_in
 
 
 def scenarios_of(tasks: Sequence[Task]) -> list[list[Task]]:
@@ -72,6 +74,21 @@ class ValidationCache:
         if source not in self._seen:
             self._seen[source] = self._validate(source)
         return self._seen[source]
+
+
+_VALIDATOR: ValidationCache | None = None
+
+
+def library_validator(c) -> ValidationCache | None:
+    """The check a function passes before it joins a chain's library (`sage.validate`): a run in
+    a fresh sandbox, verdicts cached per process; None when validation is off."""
+    global _VALIDATOR
+    if not c.sage.validate:
+        return None
+    if _VALIDATOR is None:
+        _VALIDATOR = ValidationCache(sandbox_validator(tempfile.mkdtemp(
+            prefix="skilljax_library_")))
+    return _VALIDATOR
 
 
 def chain_rollout(sampler, tok, pool, scenarios: Sequence[Sequence[Task]], cfg: RolloutConfig,
@@ -142,6 +159,28 @@ def chain_rollout(sampler, tok, pool, scenarios: Sequence[Sequence[Task]], cfg: 
     per = len(chains)
     for k, c in enumerate(chains):
         c.episodes = [p * per + k for p in range(length)]
+    merged.stats.update(chain_stats(merged, chains))
+    return merged, chains
+
+
+def merge_chains(parts: Sequence[tuple[RolloutResult, list[Chain]]], num_groups: int
+                 ) -> tuple[RolloutResult, list[Chain]]:
+    """One (result, chains) from the shares processes played of one batch of scenarios, laid out
+    as one process playing them all would have (`rollout.merge`'s order: by GRPO group, which is
+    position-major, then member)."""
+    if len(parts) == 1:
+        return parts[0]
+    merged = merge([res for res, _ in parts])
+    members: dict[int, int] = {}
+    where: dict[tuple[int, int], int] = {}  # (GRPO group, member) -> trajectory index
+    for e, t in enumerate(merged.trajectories):
+        m = members.get(t.group, 0)
+        members[t.group] = m + 1
+        where[t.group, m] = e
+    chains = sorted((dataclasses.replace(c) for _, cs in parts for c in cs),
+                    key=lambda c: (c.group, c.member))
+    for c in chains:
+        c.episodes = [where[p * num_groups + c.group, c.member] for p in range(len(c.episodes))]
     merged.stats.update(chain_stats(merged, chains))
     return merged, chains
 

@@ -25,6 +25,7 @@ import numpy as np
 from skilljax import config as config_lib
 from skilljax.envs import base as envs_base
 from skilljax.rl import sft
+from skilljax.rl.chains import chain_rollout, library_validator, scenarios_of
 from skilljax.rl.checkpoint import Checkpointer
 from skilljax.rl.rollout import rollout
 from skilljax.skills import teacher_prompts as tp
@@ -39,9 +40,12 @@ if TYPE_CHECKING:
     from skilljax.experiment import Run
 
 
-def warmup_context(bank: SkillBank, task: envs_base.Task) -> str:
+def warmup_context(bank: SkillBank | None, task: envs_base.Task) -> str:
     """Skill context of a warm-start task: the bank's general section and, for a randomised
-    procedure, a section in the bank's shape that carries the task's own procedure text."""
+    procedure, a section in the bank's shape that carries the task's own procedure text ("" for
+    a run without a bank)."""
+    if bank is None:
+        return ""
     if task.type in bank.task_types:
         return bank.context(task.type)
     general = bank.context(bank.task_types[0], [bank.file_names[0]])
@@ -218,6 +222,8 @@ def data(r: Run):
     """
     c = r.config
     cls = envs_base.env_class(c.env.name)
+    if c.sft.chains:
+        return _chain_data(r)
     # A fraction of the episodes is shown without any skill text (from `bare_task_options`, by
     # default the same generator), so the policy also learns what to do when no procedure is
     # given: for chores, procedures of verbs it knows by heart (`source="convention"`).
@@ -253,6 +259,27 @@ def data(r: Run):
     samples = [s for s in played.samples if not s.perturbed]
     is_bare = [played.trajectories[s.episode].task.id in bare_ids for s in samples]
     return samples, is_bare, held_data.samples
+
+
+def _chain_data(r: Run):
+    """SAGE's warm start: expert chains over whole scenarios, each task after the first offered
+    the functions the chain's earlier tasks wrote (the expert then calls them instead of writing
+    them again), so the policy sees both ways of solving a task."""
+    c = r.config
+    if c.sft.expert_noise or c.sft.without_skills_fraction:
+        raise ValueError("sft.chains plays clean expert chains: set sft.expert_noise and "
+                         "sft.without_skills_fraction to 0.")
+    cls = envs_base.env_class(c.env.name)
+    cfg = dataclasses.replace(r.rollout_config(evaluation=True), group_size=1)
+    out = []
+    for split, num in (("train", c.sft.tasks), ("test", max(c.sft.tasks // 10, 9))):
+        scenarios = scenarios_of(cls.make_tasks(split, num, seed=c.seed + 1,
+                                                **dict(c.sft.task_options)))
+        res, _ = chain_rollout(None, r.tok, r.pool, scenarios, cfg, jax.random.key(0),
+                               length=min(len(s) for s in scenarios),
+                               validate=library_validator(c), fmt=r.fmt, expert=True)
+        out.append(res.samples)
+    return out[0], [False] * len(out[0]), out[1]
 
 
 def run(r: Run, log, on_check=None) -> dict:
