@@ -9,7 +9,6 @@ arguments. `skilljax.train`, `skilljax.evaluate` and the tools build their runs 
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from pathlib import Path
 from typing import Any
 

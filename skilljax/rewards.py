@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from skilljax.rl.chains import Chain
 from skilljax.rl.losses import StepScores
 from skilljax.rl.rollout import RolloutResult, Trajectory
 from skilljax.skills import projection
@@ -90,3 +91,30 @@ def chain_rewards(r1: float, r2: float, q2_used_skill_from_q1: bool, q2_used_ski
         r1 + (r1 == 1) * (r2 == 1) * bool(q2_used_skill_from_q1))
     big2 = -1.0 if not has_code[1] else float(r2 + (r2 == 1) * bool(q2_used_skill))
     return big1, big2
+
+
+def chain_terms(result: RolloutResult, chains: Sequence[Chain], scale: float) -> TrajectoryTerm:
+    """SAGE's skill-integrated reward over `rl.chains` chains, as a trajectory term. Position i of a
+    chain scores R_i = r_i + 1[r_i=1]·1[r_{i+1}=1]·1_skill(q_{i+1}|q_i) + 1[i>1]·1[r_i=1]·1_skill(q_i)
+    (−1 for an episode with no code): `chain_rewards` of the pair it opens plus what it gains
+    closing the previous pair, so a chain of two gets exactly the paper's (R₁, R₂). r ∈ {0, 1} is
+    the episode's success; the term added to the env reward is `scale · (R − r)`, scale = the
+    env's success reward, so a success is worth what it is elsewhere."""
+    bonus: dict[int, float] = {}
+    trajs = result.trajectories
+    for c in chains:
+        r = [int(trajs[e].won) for e in c.episodes]
+        code = [any(a.strip() for a in trajs[e].actions) for e in c.episodes]
+        for i, e in enumerate(c.episodes):
+            if not code[i]:
+                big = -1.0
+            else:
+                big = float(r[i])
+                if i + 1 < len(c.episodes):  # opening the pair (i, i+1)
+                    big += chain_rewards(r[i], r[i + 1], c.used_previous[i + 1],
+                                         bool(c.used[i + 1]))[0] - r[i]
+                if i > 0:                    # closing the pair (i-1, i)
+                    big += chain_rewards(r[i - 1], r[i], c.used_previous[i],
+                                         bool(c.used[i]))[1] - r[i]
+            bonus[id(trajs[e])] = scale * (big - r[i])
+    return lambda traj: bonus.get(id(traj), 0.0)

@@ -35,8 +35,7 @@ from skilljax.metrics import MetricsWriter
 from skilljax.rl import batch as batch_lib
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, warm_start
-from skilljax.rl.chains import chain_rollout, chain_terms, library_validator, merge_chains, \
-    scenarios_of
+from skilljax.rl.chains import chain_rollout, library_validator, merge_chains, scenarios_of
 from skilljax.rl.checkpoint import Checkpointer, RunState
 from skilljax.rl.rollout import merge, rollout
 from skilljax.rl.task_stream import TaskStream
@@ -176,7 +175,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             m_evo = evolver.observe(episodes_from(res.trajectories), step)
         terms, m = rewards.reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
         if scenarios is not None and c.sage.reward:  # SAGE's skill-integrated reward
-            terms.append(chain_terms(res, chains, success_reward))
+            terms.append(rewards.chain_terms(res, chains, success_reward))
         # One advantage per step sample (`rl.advantage`: grpo / drgrpo / rloo over each task's
         # group, or gigpo), from the trajectory and step scores; see `losses.advantages`.
         adv = losses.advantages(c.rl.advantage, rewards.step_scores(res, c.rl.invalid_penalty, terms),

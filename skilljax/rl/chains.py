@@ -12,11 +12,8 @@ GRPO groups: position p of scenario k (group id `group`) is its own task, so its
 the group `p * num_groups + group`; every position is one `rollout` call, keyed by
 `fold_in(rng, p)`, so the sampling of a chain does not depend on what else shares the batch.
 
-Reward (`chain_terms`): R_i = r_i + 1[r_i=1]·1[r_{i+1}=1]·1_skill(q_{i+1}|q_i) + 1[i>1]·1[r_i=1]·
-1_skill(q_i), −1 for an episode with no code; for two tasks exactly the paper's
-R₁ = r₁ + 1[r₁=1]·1[r₂=1]·1_skill(q₂|q₁) and R₂ = r₂ + 1[r₂=1]·1_skill(q₂)
-(`rewards.chain_rewards`). r ∈ {0, 1} is the episode's success; the term added to the env reward
-is `scale · (R − r)`, scale = the env's success reward, so a success is worth what it is elsewhere.
+The reward over a chain's episodes is `rewards.chain_terms` (the paper's, from
+`rewards.chain_rewards`).
 """
 
 from __future__ import annotations
@@ -217,22 +214,3 @@ def chain_stats(result: RolloutResult, chains: Sequence[Chain]) -> dict[str, flo
                                           for c in chains])),
         tokens_per_scenario=float(np.mean([sum(tokens(e) for e in c.episodes)
                                            for c in chains])))
-
-
-def chain_terms(result: RolloutResult, chains: Sequence[Chain], scale: float
-                ) -> Callable[[Trajectory], float]:
-    """SAGE's reward as a trajectory term (see the module docstring): `scale · (R − r)`."""
-    bonus: dict[int, float] = {}
-    trajs = result.trajectories
-    for c in chains:
-        r = [int(trajs[e].won) for e in c.episodes]
-        code = [bool(_code(trajs[e]).strip()) for e in c.episodes]
-        for i, e in enumerate(c.episodes):
-            if not code[i]:
-                big = -1.0
-            else:
-                nxt = i + 1 < len(c.episodes)
-                big = r[i] + (r[i] == 1 and nxt and r[i + 1] == 1 and c.used_previous[i + 1]) \
-                    + (i > 0 and r[i] == 1 and bool(c.used[i]))
-            bonus[id(trajs[e])] = scale * (float(big) - r[i])
-    return lambda traj: bonus.get(id(traj), 0.0)

@@ -12,8 +12,9 @@ from skilljax.envs.apps import tasks as apps_tasks
 from skilljax.envs.apps.env import Apps, CodeAction
 from skilljax.envs.base import Task
 from skilljax.envs.pool import EnvPool
-from skilljax.rl.chains import (Chain, ValidationCache, chain_rollout, chain_terms, scenarios_of)
-from skilljax.rl.rollout import (PromptConfig, RolloutConfig, RolloutResult, StepSample,
+from skilljax.rewards import chain_terms
+from skilljax.rl.chains import Chain, ValidationCache, chain_rollout, scenarios_of
+from skilljax.rl.rollout import (PromptConfig, RolloutConfig, RolloutResult,
                                  Trajectory)
 from skilljax.sampling import SampleOutput, SamplingParams
 from skilljax.skills.library import sandbox_validator
@@ -159,3 +160,15 @@ def test_code_action_parsing():
     assert FMT.parse("<code>x = '\u4e2d'</code>")[1:] == (False, "CJK characters")
     code = "def f(a):\n    return a\nf(1)"
     assert FMT.parse(FMT.render(code)) == (code, True, "")
+
+
+def test_chain_terms_on_a_chain_of_three():
+    # Every task solved, each calling what the one before wrote: the middle task is credited
+    # both for being reused (pair 2-3) and for reusing (pair 1-2).
+    task = Task("t", "x", "train", {})
+    trajs = [_traj(task, True, f"f{i}()") for i in range(3)]
+    chain = Chain("s", 0, 0, episodes=[0, 1, 2], offered=[[], ["f0"], ["f0", "f1"]],
+                  created=[["f0"], ["f1"], []], used=[[], ["f0"], ["f1"]],
+                  used_previous=[False, True, True])
+    term = chain_terms(RolloutResult([], trajs, {}), [chain], scale=10.0)
+    assert [term(t) for t in trajs] == [10.0, 20.0, 10.0]
