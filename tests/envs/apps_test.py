@@ -191,3 +191,23 @@ def test_worlds_are_seeded():
     rng = random.Random(0)
     assert len(apps_tasks.scenario_params(apps_tasks.TEMPLATES["move_contact"], 11,
                                           rng.randrange(1 << 30))) == 3
+
+
+@pytest.mark.parametrize("attack, message", [
+    ("while True:\n    pass", "time limit exceeded"),
+    ("x = bytearray(4 * 1024 ** 3)", "MemoryError"),
+    ("import os\nos.system('echo hacked')", "PermissionError"),
+    ("print(open('/etc/passwd').read())", "PermissionError"),
+    ("import socket\nsocket.socket().connect(('127.0.0.1', 80))", "PermissionError"),
+    ("import shutil\nshutil.rmtree('/tmp')", "PermissionError"),
+])
+def test_hostile_cells_error_and_the_env_keeps_serving(attack, message, tmp_path):
+    env = Apps(max_steps=3, cpu_s=1.0, wall_s=3.0)
+    try:
+        task = _task("save_phone")
+        env.reset(task)
+        r = env.step(attack)
+        assert not r.done and message in r.observation, r.observation
+        assert env.step(env.expert_action()).won  # the same episode goes on
+    finally:
+        env.close()
