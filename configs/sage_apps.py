@@ -20,19 +20,13 @@ Responses are `<code>...</code>` cells (prompt.format="code"); a cell runs in th
 sandbox (envs/apps/sandbox.py). Hardware: 2 CPU cores. Results: docs/results.md (SAGE section).
 """
 
-from skilljax.config import base_config, parse_arg
+from skilljax.config import SAGE_VARIANTS, apply_variant, base_config, parse_arg
 
-VARIANTS = {
-    "grpo": {"sage.enabled": False},
-    "sequential": {"sage.enabled": True, "sage.reward": False},
-    "sage": {"sage.enabled": True, "sage.reward": True},
-}
+VARIANTS = SAGE_VARIANTS
 
 
 def get_config(arg=None):
     arg = parse_arg(arg, seed=0, runlocal=False, variant="sage")
-    if arg.variant not in VARIANTS:
-        raise ValueError(f"Unknown variant {arg.variant!r}; choose one of {sorted(VARIANTS)}.")
     c = base_config()
     c.seed = arg.seed
     c.env.update(name="apps", workers=2, timeout_s=60.0, train_tasks=300)  # 100 scenarios
@@ -54,9 +48,7 @@ def get_config(arg=None):
     c.sage.update(chain_length=2)
     c.eval.update(tasks=60, temperature=0.0, seeds=1)  # 20 scenarios, played whole
     c.checkpoint.keep = 2
-    for key, value in VARIANTS[arg.variant].items():
-        section, leaf = key.split(".")
-        c[section][leaf] = value
+    apply_variant(c, VARIANTS, arg.variant)
     if arg.runlocal:
         c.env.train_tasks = 24
         c.tokenizer.update(corpus_tasks=18, vocab_size=512)

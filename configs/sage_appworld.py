@@ -22,19 +22,13 @@ paper's when you have them. Arguments: `checkpoint` (required unless `runlocal`)
 the offline `apps` env with a tiny random policy, for a machine without AppWorld).
 """
 
-from skilljax.config import base_config, parse_arg
+from skilljax.config import SAGE_VARIANTS, apply_variant, base_config, parse_arg
 
-VARIANTS = {
-    "grpo": {"sage.enabled": False},
-    "sequential": {"sage.enabled": True, "sage.reward": False},
-    "sage": {"sage.enabled": True, "sage.reward": True},
-}
+VARIANTS = SAGE_VARIANTS
 
 
 def get_config(arg=None):
     arg = parse_arg(arg, seed=0, checkpoint="", runlocal=False, variant="sage")
-    if arg.variant not in VARIANTS:
-        raise ValueError(f"Unknown variant {arg.variant!r}; choose one of {sorted(VARIANTS)}.")
     if not arg.checkpoint and not arg.runlocal:
         raise ValueError("configs/sage_appworld.py needs checkpoint=<HF directory of your "
                          "(fine-tuned) Qwen2.5 checkpoint> (weights are never downloaded), or "
@@ -52,9 +46,7 @@ def get_config(arg=None):
     c.rl.update(max_turns=30, max_new_tokens=1024)
     c.sage.update(chain_length=2)
     c.eval.update(tasks=168)  # test_normal: 56 scenarios of 3
-    for key, value in VARIANTS[arg.variant].items():
-        section, leaf = key.split(".")
-        c[section][leaf] = value
+    apply_variant(c, VARIANTS, arg.variant)
 
     if arg.runlocal:  # the same pipeline on the offline apps env, a tiny random policy
         c.env.update(name="apps", workers=2, kwargs={}, train_tasks=12)

@@ -23,7 +23,7 @@ Evaluation: held-out tasks with the final bank's catalog ("with skills") and wit
 Hardware: 2 CPU cores. Expected time and results: docs/results.md (SkillForge section).
 """
 
-from skilljax.config import config_module, parse_arg
+from skilljax.config import apply_variant, config_module, parse_arg
 
 VARIANTS = {
     "skillforge": {},
@@ -37,8 +37,6 @@ VARIANTS = {
 
 def get_config(arg=None):
     arg = parse_arg(arg, seed=0, runlocal=False, variant="skillforge")
-    if arg.variant not in VARIANTS:
-        raise ValueError(f"Unknown variant {arg.variant!r}; choose one of {sorted(VARIANTS)}.")
     c = config_module("default.py").get_config(f"seed={arg.seed}"
                                                + (",runlocal" if arg.runlocal else ""))
     # No skill text in prompts and no SKILL0 curriculum: skills come only through the catalog.
@@ -64,9 +62,7 @@ def get_config(arg=None):
     # Responses carry a call after the action ("<action>use heater</action><skill>heat_steps
     # </skill>", up to ~18 tokens of the trained tokenizer): 16 would cut the tag (invalid).
     c.rl.max_new_tokens = 32
-    for key, value in VARIANTS[arg.variant].items():
-        section, leaf = key.split(".")
-        c[section][leaf] = value
+    apply_variant(c, VARIANTS, arg.variant)
     if arg.runlocal:
         c.rl.steps = 4
         c.evolution.update(every=2, review_after_uses=1, reflexion_min_conf=0.0)

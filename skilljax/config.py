@@ -469,6 +469,15 @@ def reuse_section(mode: str = "none") -> dict:
                 polish=False)
 
 
+# SAGE's arms (paper 004): GRPO on single tasks, sequential rollouts over chains with the env
+# reward only, and SAGE (sequential rollouts with the skill-integrated reward).
+SAGE_VARIANTS: dict[str, dict[str, object]] = {
+    "grpo": {"sage.enabled": False},
+    "sequential": {"sage.enabled": True, "sage.reward": False},
+    "sage": {"sage.enabled": True, "sage.reward": True},
+}
+
+
 # The paper's four arms (§4.4, §6.2): name → overrides of the `reuse` section.
 REUSE_VARIANTS: dict[str, dict[str, object]] = {
     "grpo": {"reuse.mode": "none"},
