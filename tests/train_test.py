@@ -456,11 +456,13 @@ def test_skillforge_alfworld_runlocal(tmp_path):
     assert set(summary["eval"]["final"]) == {"with_skills", "without_skills"}
 
 
-def test_sage_runlocal_plays_chains_and_evaluates_scenarios(tmp_path):
+@pytest.mark.parametrize("name", ["sage_appworld",
+                                  pytest.param("sage_apps", marks=pytest.mark.slow)])
+def test_sage_runlocal_plays_chains_and_evaluates_scenarios(name, tmp_path):
     """SAGE end to end (configs/sage_appworld.py's runlocal runs the offline apps env): expert-chain
     warm start, chain rollouts with the chain reward, evaluation over whole scenarios."""
-    run_module("skilljax.train", "--config", str(ROOT / "configs" / "sage_appworld.py")
-               + ":runlocal", "--workdir", tmp_path)
+    run_module("skilljax.train", "--config", str(ROOT / "configs" / f"{name}.py") + ":runlocal",
+               "--workdir", tmp_path)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     keys = {"sgc", "tgc", "library_size", "skill_use_rate", "steps_per_scenario",
             "tokens_per_scenario"}
