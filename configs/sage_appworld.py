@@ -22,7 +22,7 @@ paper's when you have them. Arguments: `checkpoint` (required unless `runlocal`)
 the offline `apps` env with a tiny random policy, for a machine without AppWorld).
 """
 
-from skilljax.config import SAGE_VARIANTS, apply_variant, base_config, parse_arg
+from skilljax.config import SAGE_VARIANTS, apply_sage_variant, base_config, parse_arg
 
 VARIANTS = SAGE_VARIANTS
 
@@ -46,7 +46,6 @@ def get_config(arg=None):
     c.rl.update(max_turns=30, max_new_tokens=1024)
     c.sage.update(chain_length=2)
     c.eval.update(tasks=168)  # test_normal: 56 scenarios of 3
-    apply_variant(c, VARIANTS, arg.variant)
 
     if arg.runlocal:  # the same pipeline on the offline apps env, a tiny random policy
         c.env.update(name="apps", workers=2, kwargs={}, train_tasks=12)
@@ -62,6 +61,7 @@ def get_config(arg=None):
         c.eval.tasks = 6
         c.checkpoint.every = 1
         c.metrics.tensorboard = False
+    apply_sage_variant(c, arg.variant)  # last: the grpo arm's tasks per step follow the rest
     return c
 
 

@@ -478,6 +478,15 @@ SAGE_VARIANTS: dict[str, dict[str, object]] = {
 }
 
 
+def apply_sage_variant(config: ml_collections.ConfigDict, name: str) -> None:
+    """A SAGE arm (`SAGE_VARIANTS`), with the same episodes per RL step in every arm: the `grpo`
+    arm plays single tasks, so it draws `sage.chain_length` times as many of them per step as a
+    chain arm draws scenarios (each of which is played as a chain of that many tasks)."""
+    apply_variant(config, SAGE_VARIANTS, name)
+    if not config.sage.enabled:
+        config.rl.tasks_per_step *= config.sage.chain_length
+
+
 # The paper's four arms (§4.4, §6.2): name → overrides of the `reuse` section.
 REUSE_VARIANTS: dict[str, dict[str, object]] = {
     "grpo": {"reuse.mode": "none"},

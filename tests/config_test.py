@@ -87,3 +87,22 @@ def test_typed_placeholders_take_command_line_values():
     assert c.model.overrides.model_type == "qwen2" and c.rl.mini_batch_size is None
     with pytest.raises(TypeError):
         config_lib.apply_overrides(c, ["--config.model.overrides.num_layers=many"])
+
+
+@pytest.mark.parametrize("name", ["sage_apps", "sage_appworld"])
+def test_sage_arms_train_on_the_same_episodes_per_step(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, f"configs/{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    extra = "" if name == "sage_apps" else ",checkpoint=/ckpt"
+    arms = {v: mod.get_config(f"variant={v}{extra}") for v in config_lib.SAGE_VARIANTS}
+    chain = arms["sage"].sage.chain_length
+    for v, c in arms.items():  # episodes per step: tasks (or scenarios) x group x chain
+        per_task = chain if c.sage.enabled else 1
+        assert c.rl.tasks_per_step * c.rl.group_size * per_task == \
+            arms["sage"].rl.tasks_per_step * arms["sage"].rl.group_size * chain, v
+    assert (arms["grpo"].sage.enabled, arms["sequential"].sage.reward, arms["sage"].sage.reward) \
+        == (False, False, True)
+    with pytest.raises(ValueError, match="Unknown variant"):
+        mod.get_config(f"variant=reuse{extra}")
