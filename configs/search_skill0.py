@@ -15,9 +15,22 @@ at most 4 turns with the last 4 turns in the prompt, prompts ≤ 4096 and respon
 BM25 top-3 retrieval. We run the text path (the released default renders history to images for a
 VL model; that path is not built yet), so use the text-only Instruct checkpoints.
 
+Retrieval at paper scale (the released setup, as Search-R1's: one retrieval server, E5 over
+wiki-18, top 3): build the index once from your corpus, then pass `index=`; the trainer starts one
+retrieval service over it (envs/retrieval_service.py) that all env workers query, and restarts it
+if it dies. Or run the service yourself (one per machine) and pass `service_url=`.
+
+    python -m skilljax.envs.search_index --corpus /data/wiki-18.jsonl --kind dense \
+        --model /models/e5-base-v2 --query-prefix "query: " --passage-prefix "passage: " \
+        --faiss flat --out /data/wiki18_e5          # or --kind bm25 (no model)
+    python -m skilljax.train --config configs/search_skill0.py:checkpoint=...,data_dir=/data/nq_hotpotqa,index=/data/wiki18_e5 ...
+
 Arguments: `checkpoint` (an HF directory with the model and its tokenizer.json; required unless
 `runlocal`), `seed`, `variant` (the paper's ablations, VARIANTS), `data_dir` (your Search-R1-style
-data; default: the generated offline corpus), `runlocal` (tiny random policy, a minute on a CPU).
+data; default: the generated offline corpus), `index` (an index directory: retrieval through a
+service the trainer runs), `service_url` (a service you run), `runlocal` (tiny random policy, a
+minute on a CPU). Without `index` or `service_url`, each env worker runs BM25 in-process (right
+for the generated corpus and small ones).
 Hardware: the released runs used 4 GPUs (80 GB); on TPU use an fsdp mesh over the slice.
 """
 
@@ -27,14 +40,15 @@ VARIANTS = skill0_variants(5)  # four question-type files + general skills
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, seed=0, checkpoint="", data_dir="", runlocal=False, variant="curriculum")
+    arg = parse_arg(arg, seed=0, checkpoint="", data_dir="", index="", service_url="",
+                    runlocal=False, variant="curriculum")
     if not arg.checkpoint and not arg.runlocal:
         raise ValueError("configs/search_skill0.py needs checkpoint=<HF directory of "
                          "Qwen2.5-3B/7B-Instruct> (weights are never downloaded), or runlocal.")
     c = base_config()
     c.seed = arg.seed
     c.env.update(name="search_qa", workers=8, timeout_s=60.0,
-                 kwargs={"retriever": "bm25", "top_k": 3},
+                 kwargs=_retrieval(arg),
                  task_options={"data_dir": arg.data_dir} if arg.data_dir else {},
                  train_tasks=20000)
     c.tokenizer.path = c.model.checkpoint = arg.checkpoint
@@ -65,6 +79,19 @@ def get_config(arg=None):
         c.checkpoint.every = 1
         c.metrics.tensorboard = False
     return c
+
+
+def _retrieval(arg) -> dict:
+    """search_qa's retrieval kwargs: BM25 in each worker, or a retrieval service (one process,
+    started by the trainer over `index`, or the user's at `service_url`)."""
+    if arg.index and arg.service_url:
+        raise ValueError("Give index= (the trainer runs the service) or service_url= (you run "
+                         "it), not both.")
+    if arg.service_url:
+        return {"retriever": "service", "service_url": arg.service_url, "top_k": 3}
+    if arg.index:
+        return {"retriever": "service", "service_index": arg.index, "top_k": 3}
+    return {"retriever": "bm25", "top_k": 3}
 
 
 def sweep(add, arg=None):

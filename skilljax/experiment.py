@@ -289,9 +289,18 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
         from skilljax.tools import request_host_devices
         request_host_devices(c.mesh)
     mesh = shd.make_mesh(c.mesh) if c.mesh else None
-    pool = EnvPool(c.env.name, num_workers=c.env.workers, env_kwargs=dict(c.env.kwargs),
-                   python=c.env.python or None,
-                   timeout_s=c.env.timeout_s)
+    # Processes the env workers depend on (a Search-QA retrieval service), run by this process.
+    local = not str(workdir).startswith("gs://")
+    sidecars, env_kwargs = envs_base.env_class(c.env.name).start_sidecars(
+        dict(c.env.kwargs), str(workdir) if local else None)
+    try:
+        pool = EnvPool(c.env.name, num_workers=c.env.workers, env_kwargs=env_kwargs,
+                       python=c.env.python or None, timeout_s=c.env.timeout_s,
+                       sidecars=sidecars)
+    except BaseException:
+        for sidecar in sidecars:
+            sidecar.close()
+        raise
     try:
         bank = (SkillBank.load(c.skills.dir) if c.skills.dir
                 else SkillBank.for_env(c.env.name)

