@@ -20,7 +20,8 @@ Layout of INDEX_DIR:
     shards/NNNNN.npy      dense: a shard's unit-norm float32 embeddings
     bm25/                 the bm25s index (loaded with mmap)
     faiss.index           the FAISS index: `flat` (exact inner product), `ivf` (IVF-flat,
-                          `nlist` lists, `nprobe` searched) or `hnsw` (`hnsw_m` links, `ef_search`)
+                          `nlist` lists, `nprobe` searched) or `hnsw` (`hnsw_m` links, `ef_search`;
+                          read into memory, where flat and IVF are memory-mapped)
 
 `open_index(INDEX_DIR)` loads it memory-mapped and answers `search_batch(queries, k)` with the
 same ranking code as the in-process retrievers of `search_corpus` (BM25: identical top k; dense
@@ -274,7 +275,10 @@ class DiskIndex:
             self.index = self._bm25s.BM25.load(str(self.root / "bm25"), mmap=True)
         else:
             faiss = _faiss()
-            flags = faiss.IO_FLAG_MMAP if self.meta["faiss"] in ("flat", "ivf") else 0
+            # Memory-mapped: flat codes (IO_FLAG_MMAP_IFC) and IVF lists (IO_FLAG_MMAP); an HNSW
+            # graph is read into memory (FAISS maps neither it nor its vectors).
+            flags = {"flat": faiss.IO_FLAG_MMAP_IFC, "ivf": faiss.IO_FLAG_MMAP}.get(
+                self.meta["faiss"], 0)
             self.index = faiss.read_index(str(self.root / "faiss.index"), flags)
             if self.meta["faiss"] == "ivf":
                 self.index.nprobe = self.meta["nprobe"]
