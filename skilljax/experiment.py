@@ -18,7 +18,7 @@ from etils import epath
 from skilljax import distributed, models
 from skilljax import sharding as shd
 from skilljax.envs import base as envs_base
-from skilljax.envs.pool import EnvPool
+from skilljax.envs.pool import EnvPool, open_pool
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, task_splits, warm_start
 from skilljax.rl.chains import chain_rollout, library_validator, scenarios_of
@@ -291,16 +291,9 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
     mesh = shd.make_mesh(c.mesh) if c.mesh else None
     # Processes the env workers depend on (a Search-QA retrieval service), run by this process.
     local = not str(workdir).startswith("gs://")
-    sidecars, env_kwargs = envs_base.env_class(c.env.name).start_sidecars(
-        dict(c.env.kwargs), str(workdir) if local else None)
-    try:
-        pool = EnvPool(c.env.name, num_workers=c.env.workers, env_kwargs=env_kwargs,
-                       python=c.env.python or None, timeout_s=c.env.timeout_s,
-                       sidecars=sidecars)
-    except BaseException:
-        for sidecar in sidecars:
-            sidecar.close()
-        raise
+    pool = open_pool(c.env.name, dict(c.env.kwargs), num_workers=c.env.workers,
+                     python=c.env.python or None, timeout_s=c.env.timeout_s,
+                     sidecar_log_dir=str(workdir) if local else None)
     try:
         bank = (SkillBank.load(c.skills.dir) if c.skills.dir
                 else SkillBank.for_env(c.env.name)

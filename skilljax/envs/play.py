@@ -19,7 +19,7 @@ import time
 
 from skilljax.config import parse_arg
 from skilljax.envs import base
-from skilljax.envs.pool import EnvPool
+from skilljax.envs.pool import open_pool
 
 
 def play(env: str, policy: str, episodes: int, workers: int = 2, seed: int = 0,
@@ -32,7 +32,7 @@ def play(env: str, policy: str, episodes: int, workers: int = 2, seed: int = 0,
     rng = random.Random(seed)
     wins, steps, failures, per_type, scenarios = 0, [], [], {}, {}
     env_steps, env_time = 0, 0.0
-    with EnvPool(env, num_workers=workers, env_kwargs=env_kwargs, timeout_s=timeout_s) as pool:
+    with open_pool(env, env_kwargs, num_workers=workers, timeout_s=timeout_s) as pool:
         for start in range(0, len(tasks), batch):
             chunk = tasks[start:start + batch]
             resets = pool.reset(chunk, seeds=[seed * 100003 + start + i for i in range(len(chunk))])

@@ -333,6 +333,20 @@ class EnvPool:
         return self._lost.get(episode)
 
 
+def open_pool(env: str, env_kwargs: Mapping[str, Any] | None = None, *,
+              sidecar_log_dir: str | None = None, **pool_options) -> EnvPool:
+    """An EnvPool with the processes its env depends on (`Env.start_sidecars`, e.g. Search-QA's
+    retrieval service) started first; the pool checks and closes them."""
+    from skilljax.envs.base import env_class
+    sidecars, kwargs = env_class(env).start_sidecars(dict(env_kwargs or {}), sidecar_log_dir)
+    try:
+        return EnvPool(env, env_kwargs=kwargs, sidecars=sidecars, **pool_options)
+    except BaseException:
+        for sidecar in sidecars:
+            sidecar.close()
+        raise
+
+
 def _of(items) -> str:
     return f" of episode {items[0][0]}" if items else ""
 

@@ -15,7 +15,7 @@ from skilljax.envs import base
 from skilljax.envs import retrieval_service as rs
 from skilljax.envs import search_corpus as sc
 from skilljax.envs import search_index as si
-from skilljax.envs.pool import EnvPool
+from skilljax.envs.pool import open_pool
 from skilljax.envs.search_qa import SearchQA
 
 HAS_DENSE = all(importlib.util.find_spec(m) for m in
@@ -177,12 +177,11 @@ def _searches(n):
 def test_workers_query_one_service_and_survive_its_death(bm25_index, tmp_path):
     """The trainer's path: the pool's sidecar is the service; a search in flight when it dies
     fails its episode with the reason; the next reset restarts it on the same URL."""
-    sidecars, kw = SearchQA.start_sidecars(
-        {"retriever": "service", "service_index": str(bm25_index), "top_k": 3}, str(tmp_path))
-    assert set(kw) == {"retriever", "service_url", "top_k"}
+    kw = {"retriever": "service", "service_index": str(bm25_index), "top_k": 3}
     tasks = SearchQA.make_tasks("test", 4, seed=0)
     ref = sc.BM25Retriever(sc.corpus_of(sc.GENERATED))
-    with EnvPool("search_qa", num_workers=2, env_kwargs=kw, sidecars=sidecars) as pool:
+    with open_pool("search_qa", kw, num_workers=2, sidecar_log_dir=str(tmp_path)) as pool:
+        assert set(pool.env_kwargs) == {"retriever", "service_url", "top_k"}
         service = pool.sidecars[0]
         url = service.url
         pool.reset(tasks, [0] * 4)
