@@ -150,8 +150,13 @@ def serve(searcher, about: dict, host: str = "127.0.0.1", port: int = 0,
     import uvicorn
     sock = bind(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}"
-    app = make_app(searcher, about, request_timeout_s,
-                   on_ready=lambda: print(f"READY {url}", flush=True))
+
+    def ready():
+        print(f"READY {url}", flush=True)
+        os.dup2(2, 1)  # from here on, stdout (nobody reads it any more) goes to the log
+        sys.stdout = sys.stderr
+
+    app = make_app(searcher, about, request_timeout_s, on_ready=ready)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])
 
@@ -231,7 +236,7 @@ class ServiceProcess:
              "--port", str(self.port)], stdout=subprocess.PIPE, stderr=log, env=environ,
             start_new_session=True)
         log.close()
-        line = _read_line(self.proc, self.start_timeout_s)
+        line = _read_status(self.proc, self.start_timeout_s)
         if not line.startswith("READY "):
             self.close()
             raise EnvError(f"The retrieval service did not start ({line or 'no answer'}); "
@@ -275,13 +280,22 @@ class ServiceProcess:
                 self.proc.stdout.close()
 
 
-def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    """The first stdout line of `proc` within `timeout_s` ("" when it exits or stays silent)."""
+def _read_status(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The first `READY ...` or `FAILED ...` line `proc` prints within `timeout_s` (other lines
+    skipped; "" when it exits or stays silent)."""
     out: list[str] = []
-    t = threading.Thread(target=lambda: out.append(proc.stdout.readline().decode()), daemon=True)
+
+    def read():
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").strip()
+            if line.startswith(("READY ", "FAILED ")):
+                out.append(line)
+                return
+
+    t = threading.Thread(target=read, daemon=True)
     t.start()
     t.join(timeout_s)
-    return out[0].strip() if out else ""
+    return out[0] if out else ""
 
 
 def main(argv=None) -> None:

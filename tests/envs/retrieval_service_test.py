@@ -220,3 +220,10 @@ def test_load_test_one_index_copy_for_all_workers(passages, workers, queries, ro
     assert many["service_rss_mb"] < 1.2 * one["service_rss_mb"] + 50
     assert many["worker_rss_mb"] < 200
     assert 0 < many["p50_ms"] <= many["p99_ms"]
+
+
+def test_service_that_cannot_start_says_why(tmp_path):
+    with pytest.raises(base.EnvError, match="did not start.*not a search index"):
+        rs.ServiceProcess(index=str(tmp_path), log_path=str(tmp_path / "log"))
+    with pytest.raises(ValueError, match="exactly one of --index"):
+        rs.open_searcher()
