@@ -396,6 +396,55 @@ def config_files(root: str | os.PathLike | None = None) -> list[str]:
     return sorted(p.name for p in root.glob("*.py") if not p.name.startswith("_"))
 
 
+def config_arguments(path: str | os.PathLike) -> dict[str, Any]:
+    """The `configs/x.py:arg` options of a config file (name → default), read from its
+    get_config's `parse_arg(arg, ...)` call without running it; {} when it has none."""
+    import ast
+    tree = ast.parse(Path(path).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "parse_arg":
+            out = {}
+            for kw in node.keywords:
+                if kw.arg and kw.arg != "lazy":
+                    try:
+                        out[kw.arg] = ast.literal_eval(kw.value)
+                    except ValueError:
+                        out[kw.arg] = ast.unparse(kw.value)
+            return out
+    return {}
+
+
+def cli_help(workdir_tool: bool = False) -> str:
+    """The --help epilog of the tools that take `--config`: the shipped config files with their
+    arguments, and the override syntax."""
+    root = Path(__file__).resolve().parent.parent / "configs"
+    lines = ["config files (configs/x.py[:arg], arg = comma-separated options of the file):"]
+    for name in config_files(root):
+        args = config_arguments(root / name)
+        shown = ", ".join(k if v is False else f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                          for k, v in args.items())
+        lines.append(f"  {name:<28} {shown}")
+        try:  # the arms of its sweep (a config file imports only this module)
+            spec = importlib.util.spec_from_file_location(f"_help_{name[:-3]}", root / name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            if getattr(module, "VARIANTS", None):
+                lines.append(f"  {'':<28} variant: {' | '.join(module.VARIANTS)}")
+        except Exception:  # noqa: BLE001  (help must print whatever a config file does)
+            pass
+    lines += [
+        "",
+        "e.g. --config configs/default.py:runlocal,seed=1,variant=no_skills (a bare option is a",
+        "flag; `variant` takes the names in the file's VARIANTS). Any config key is then set with",
+        "--config.section.key=value (a Python literal, else a string; typed like the key's",
+        "default), e.g. --config.rl.steps=240 --config.skills.filter=false; an unknown key is an",
+        "error that names the closest keys."]
+    if workdir_tool:
+        lines += ["Without --config, the workdir's config.json (the run's resolved config) is "
+                  "used;", "overrides apply on top of it."]
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- config-file helpers
 
 

@@ -1,6 +1,6 @@
 """Evaluation: success per task type with and without skills, pass@k / SC@k, prompt tokens per step.
 
-    python -m skilljax.evaluate --workdir DIR [--checkpoint STEP] [--config.a.b=v ...]
+    python -m skilljax.evaluate --workdir DIR [--step STEP] [--config.a.b=v ...]
 
 rebuilds the run's policy from DIR (its config.json, its tokenizer and its latest or given
 checkpoint), plays the config's held-out test tasks with and without skills, prints the eval block
@@ -191,16 +191,23 @@ def _catalog(config, host: dict):
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=config_lib.cli_help(workdir_tool=True))
     p.add_argument("--workdir", required=True, help="a skilljax.train workdir")
     p.add_argument("--config", default=None,
                    help="configs/x.py[:arg] (default: the workdir's config.json)")
-    p.add_argument("--checkpoint", type=int, default=None, help="step (default: the latest)")
+    p.add_argument("--step", type=int, default=None,
+                   help="the checkpoint step to evaluate (default: the latest)")
+    p.add_argument("--checkpoint", default=None, help=argparse.SUPPRESS)  # the old name
     args, overrides = p.parse_known_args(argv)
+    if args.checkpoint is not None:
+        p.error("--checkpoint STEP is now --step STEP (as in skilljax.tools.export_hf; "
+                "--checkpoint names an HF directory there)")
     config = (config_lib.load_config(args.config, overrides) if args.config
               else config_lib.workdir_config(args.workdir, overrides))
     distributed.initialize_from_env()
-    block = evaluate_workdir(args.workdir, config, args.checkpoint)
+    block = evaluate_workdir(args.workdir, config, args.step)
     print(json.dumps(block))
 
 

@@ -317,17 +317,12 @@ def _print_eval(phase: str, block: dict) -> None:
 
 
 def main(argv=None) -> None:
-    configs = ", ".join(config_lib.config_files())
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=f"""config files in configs/: {configs}.
+        epilog=config_lib.cli_help() + """
 
---config configs/x.py[:arg] calls the file's get_config(arg); arg is a comma-separated list of
-the file's own options, e.g. configs/default.py:runlocal,seed=1,variant=no_skills.
-Any config key is then set with --config.section.key=value (a Python literal, else a string;
-typed like the key's default), e.g. --config.rl.steps=240 --config.skills.filter=false.
-An unknown key is an error that names the closest keys. The resolved config is written to
-WORKDIR/config.json, which `python -m skilljax.evaluate --workdir WORKDIR` and
+The resolved config is written to WORKDIR/config.json, which
+`python -m skilljax.evaluate --workdir WORKDIR` and
 `python -m skilljax.tools.export_hf --workdir WORKDIR` read.""")
     p.add_argument("--config", required=True, help="configs/x.py[:arg]")
     p.add_argument("--workdir", required=True, help="run directory (re-run it to resume)")

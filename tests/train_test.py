@@ -194,11 +194,23 @@ def test_evaluate_cli(workdir):
     assert block2["with_skills"]["episodes"] == 2 * block["with_skills"]["episodes"]
 
 
-def test_train_help_lists_configs_and_overrides():
-    out = run_module("skilljax.train", "--help").stdout
-    for name in ("default.py", "alfworld_skill0.py", "search_skill0.py", "reuserl_countdown.py",
-                 "--config.section.key=value", "config.json"):
+@pytest.mark.parametrize("tool", ["skilljax.train", "skilljax.evaluate",
+                                  "skilljax.tools.export_hf"])
+def test_help_lists_configs_their_arguments_and_overrides(tool):
+    out = run_module(tool, "--help").stdout
+    for name in config_lib.config_files():
         assert name in out
+    for text in ("--config.section.key=value", "config.json", "runlocal", "variant='curriculum'",
+                 "index=''", "variant: grpo | sequential | sage"):
+        assert text in out, text
+    assert config_lib.config_arguments(ROOT / "configs" / "default.py") == \
+        {"seed": 0, "runlocal": False, "variant": "curriculum"}
+
+
+def test_evaluate_step_flag_and_the_old_name():
+    proc = subprocess.run([sys.executable, "-m", "skilljax.evaluate", "--workdir", "/nonexistent",
+                           "--checkpoint", "3"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "--checkpoint STEP is now --step STEP" in proc.stderr
 
 
 def test_export_a_trained_workdir(workdir, tmp_path):

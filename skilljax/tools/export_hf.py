@@ -34,7 +34,10 @@ def _from_workdir(config: str | None, overrides: list[str], workdir, step):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from skilljax import config as config_lib
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=config_lib.cli_help(workdir_tool=True))
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="HF directory or preset name")
     src.add_argument("--workdir", help="a skilljax.train workdir")
