@@ -16,14 +16,15 @@ setup() {  # $1: "test" to include the test extras and fixtures
     "$PY" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
   fi
-  stamp_src=$(cat setup.py requirements*.txt; echo "$extras")
+  stamp_src=$(cat setup.py requirements*.txt constraints.txt; echo "$extras")
   local stamp="$VENV/.skilljax-installed$extras"
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$(echo "$stamp_src" | sha256sum)" ]; then
     # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
     if [ -n "$extras" ]; then "$VENV/bin/pip" install -q "$(grep '^torch==' requirements-test.txt)"; fi
     # The venv first on PATH: fast-downward-textworld (alfworld's planner) builds from source
     # with whatever `python` PATH finds first.
-    PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/pip" install -q -e ".$extras"
+    # The tested versions (constraints.txt) within the package's ranges (requirements.txt).
+    PATH="$PWD/$VENV/bin:$PATH" "$VENV/bin/pip" install -q -c constraints.txt -e ".$extras"
     echo "$stamp_src" | sha256sum > "$stamp"
   fi
   if [ -n "$extras" ]; then fetch_qwen_tokenizer; fi

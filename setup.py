@@ -17,5 +17,8 @@ setup(
     python_requires=">=3.10",
     install_requires=requirements("requirements.txt"),
     extras_require={"test": requirements("requirements-test.txt"),
-                    "envs": requirements("requirements-envs.txt")},
+                    "envs": requirements("requirements-envs.txt"),
+                    # accelerators: JAX's CUDA 12 plugin, or libtpu, at the same JAX range
+                    "cuda12": ["jax[cuda12]>=0.10.0,<0.11"],
+                    "tpu": ["jax[tpu]>=0.10.0,<0.11"]},
 )

@@ -10,8 +10,8 @@
 # WORKDIR must be on a filesystem every node sees (NFS, Lustre, a gcsfuse mount): process 0
 # writes metrics, summary and plots, and all processes write the orbax checkpoints together.
 #
-# Needs a CUDA build of JAX in the environment, e.g.
-#   pip install -e . && pip install "jax[cuda12]==$(python -c 'import jax; print(jax.__version__)')"
+# Needs a CUDA build of JAX in the environment, e.g. (the tested versions, with the CUDA plugin)
+#   pip install -c constraints.txt -e ".[cuda12]"
 # Extra arguments after WORKDIR are config overrides (--config.a.b=value).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -29,8 +29,7 @@ case "$MODE" in
   setup)
     [ -n "$REPO_URL" ] || { echo "set REPO_URL to a git URL the TPU hosts can clone" >&2; exit 2; }
     ssh_all "set -e; [ -d $REMOTE_DIR ] || git clone $REPO_URL $REMOTE_DIR; cd $REMOTE_DIR && git pull -q \
-      && python3 -m venv .venv && .venv/bin/pip install -q -e '.[envs]' \
-      && .venv/bin/pip install -q \"jax[tpu]==\$(.venv/bin/python -c 'import jax; print(jax.__version__)')\" \
+      && python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[envs,tpu]' \
          -f https://storage.googleapis.com/jax-releases/libtpu_releases.html"
     ;;
   run)
