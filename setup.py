@@ -20,5 +20,6 @@ setup(
                     "envs": requirements("requirements-envs.txt"),
                     # accelerators: JAX's CUDA 12 plugin, or libtpu, at the same JAX range
                     "cuda12": ["jax[cuda12]>=0.10.0,<0.11"],
-                    "tpu": ["jax[tpu]>=0.10.0,<0.11"]},
+                    "tpu": ["jax[tpu]>=0.10.0,<0.11"],
+                    "wandb": ["wandb>=0.19"]},  # metrics.wandb_project
 )

@@ -215,6 +215,8 @@ def base_config() -> ml_collections.ConfigDict:
     )
     c.metrics = dict(
         tensorboard=True,             # also write TensorBoard events
+        wandb_project="",             # a W&B project: also log there (pip install wandb)
+        wandb_mode="",                # "online", "offline" (sync later) or "" (WANDB_MODE / W&B's)
     )
     c.lock()
     for path in OPEN:

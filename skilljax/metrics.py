@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,8 +36,8 @@ def _row(line: str) -> dict | None:
 
 class MetricsWriter:
     def __init__(self, workdir: str | os.PathLike, *, tensorboard: bool = True,
-                 wandb_project: str | None = None, config: Mapping | None = None,
-                 resume_step: int | None = None):
+                 wandb_project: str | None = None, wandb_mode: str | None = None,
+                 config: Mapping | None = None, resume_step: int | None = None):
         self.workdir = epath.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / "metrics.jsonl"
@@ -62,8 +63,14 @@ class MetricsWriter:
             except ImportError as e:
                 raise ImportError("wandb_project is set but wandb is not installed: "
                                   "`pip install wandb`, or leave wandb_project empty.") from e
+            # One W&B run per workdir: its id is kept there, so a resumed run logs on.
+            id_path = self.workdir / "wandb_run_id"
+            run_id = id_path.read_text().strip() if id_path.exists() else secrets.token_hex(4)
+            id_path.write_text(run_id)
             self._wandb = wandb.init(project=wandb_project, config=dict(config or {}),
-                                     dir=str(self.workdir), resume="allow")
+                                     dir=str(self.workdir) if self._local else None,
+                                     name=self.workdir.name, id=run_id, resume="allow",
+                                     mode=wandb_mode or None)
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Scalars go everywhere; non-scalar values (lists, dicts, strings) only to the JSON line."""

@@ -58,6 +58,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     c, workdir = config, epath.Path(workdir)  # local or remote (gs://...)
     t_start = time.time()
     print(f"skilljax.train: workdir {workdir}", flush=True)
+    if c.metrics.tensorboard and distributed.is_main():
+        print(f"skilljax.train: watch it with `tensorboard --logdir {workdir}/tensorboard` "
+              f"(or tail {workdir}/metrics.jsonl)", flush=True)
 
     # ------------------------------------------------------------------ build
     run = build_run(c, workdir)
@@ -100,7 +103,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     if distributed.is_main():  # the resolved config of this (or this resumed) run
         config_lib.write_json(workdir / "config.json", config_lib.to_dict(c))
     metrics = (MetricsWriter(workdir, config=config_lib.to_dict(c), resume_step=state.step + 1,
-                             tensorboard=c.metrics.tensorboard)
+                             tensorboard=c.metrics.tensorboard,
+                             wandb_project=c.metrics.wandb_project or None,
+                             wandb_mode=c.metrics.wandb_mode or None)
                if distributed.is_main() else _NoMetrics())
 
     # ------------------------------------------------------------------ warm start

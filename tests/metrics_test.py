@@ -53,3 +53,25 @@ def test_wandb_missing_is_explained(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_wandb)
     with pytest.raises(ImportError, match="pip install wandb"):
         MetricsWriter(tmp_path, tensorboard=False, wandb_project="x")
+
+
+def test_wandb_offline_run_per_workdir(tmp_path, monkeypatch):
+    """`metrics.wandb_project` logs to W&B too; offline mode writes the run in the workdir, and a
+    resumed writer continues the same run (its id is kept in the workdir)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    w = MetricsWriter(tmp_path, tensorboard=False, wandb_project="skilljax-test",
+                      wandb_mode="offline", config={"seed": 3})
+    w.write(1, {"loss_probe": 0.625, "active_files": ["a"]})
+    w.close()
+    run_id = (tmp_path / "wandb_run_id").read_text()
+    runs = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(runs) == 1
+    data = next(runs[0].glob("*.wandb")).read_bytes()
+    assert b"loss_probe" in data and b"0.625" in data
+    w = MetricsWriter(tmp_path, tensorboard=False, wandb_project="skilljax-test",
+                      wandb_mode="offline", resume_step=2)
+    w.write(2, {"loss_probe": 0.5})
+    w.close()
+    assert (tmp_path / "wandb_run_id").read_text() == run_id
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
