@@ -6,13 +6,14 @@ released SKILL0 code's setup): one copy of the index in memory, whatever the num
 
 `--index` serves an index built by `skilljax.envs.search_index` (BM25 or FAISS, memory-mapped);
 `--source` (`generated`, or a Search-R1 data directory) serves the in-process retrievers of
-`search_corpus` instead. The trainer starts it itself when a config sets
+`search_corpus` instead (`--kind`, `--dense-model` apply to it; an index carries its own). The trainer starts it itself when a config sets
 `env.kwargs.retriever="service"` with `service_index` (or `service_source`) and no `service_url`,
 checks it before every batch of episodes, and restarts it on the same port when it died; episodes
 whose request was in flight when it died fail with the reason, and the run goes on.
 
 HTTP (FastAPI on uvicorn):
-    GET  /health  → {"status": "ok", "kind", "passages", "source", "pid"}
+    GET  /health  → {"status": "ok", "kind", "passages", "source", "pid", "index_calls"}
+                    (503 when its search loop has stopped)
     POST /search  {"queries": [str, ...], "k": int} → {"results": [[{id, title, text, score}]]}
 A request waits at most `--request-timeout-s` (504 past it). Requests that arrive while the
 index is busy are served together: one batched index call for all queries queued at that moment
@@ -23,11 +24,14 @@ index is busy are served together: one batched index call for all queries queued
 # No `from __future__ import annotations` here: FastAPI reads the request model's annotations.
 import argparse
 import asyncio
+import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -69,26 +73,36 @@ class _Batcher:
 
     async def run(self) -> None:
         self.queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
         while True:
             jobs = [await self.queue.get()]
             while not self.queue.empty() and sum(len(j[0]) for j in jobs) < self.max_batch:
                 jobs.append(self.queue.get_nowait())
-            queries = [q for j in jobs for q in j[0]]
-            k = max(j[1] for j in jobs)
-            try:
-                hits = await loop.run_in_executor(None, self.searcher.search_batch, queries, k)
-                self.calls += 1
-            except Exception as e:  # noqa: BLE001  (reported to every waiting request)
-                for j in jobs:
-                    if not j[2].done():
-                        j[2].set_exception(e)
+            jobs = [j for j in jobs if not j[2].done()]  # those that timed out are not searched
+            if not jobs:
                 continue
-            at = 0
-            for qs, kk, fut in jobs:
-                if not fut.done():
-                    fut.set_result([h[:kk] for h in hits[at:at + len(qs)]])
-                at += len(qs)
+            try:
+                await self._answer(jobs)
+            except Exception:  # noqa: BLE001  (one request's fault must not fail the others)
+                for job in jobs:
+                    if not job[2].done():
+                        try:
+                            await self._answer([job])
+                        except Exception as e:  # noqa: BLE001
+                            job[2].set_exception(e)
+
+    async def _answer(self, jobs) -> None:
+        """One `search_batch` for all queries of `jobs` (at the largest k; each request gets its
+        own k of its own queries)."""
+        queries = [q for j in jobs for q in j[0]]
+        k = max(j[1] for j in jobs)
+        hits = await asyncio.get_running_loop().run_in_executor(
+            None, self.searcher.search_batch, queries, k)
+        self.calls += 1
+        at = 0
+        for qs, kk, fut in jobs:
+            if not fut.done():
+                fut.set_result([h[:kk] for h in hits[at:at + len(qs)]])
+            at += len(qs)
 
     async def search(self, queries: list[str], k: int) -> list[list[dict]]:
         fut = asyncio.get_running_loop().create_future()
@@ -103,16 +117,17 @@ def make_app(searcher, about: dict[str, Any], request_timeout_s: float = 30.0, o
     from pydantic import BaseModel, Field
 
     batcher = _Batcher(searcher)
+    running: list[asyncio.Task] = []
 
     @asynccontextmanager
     async def lifespan(app):
-        task = asyncio.create_task(batcher.run())
+        running.append(asyncio.create_task(batcher.run()))
         while batcher.queue is None:
             await asyncio.sleep(0)
         if on_ready is not None:
             on_ready()
         yield
-        task.cancel()
+        running[0].cancel()
 
     app = FastAPI(title="skilljax retrieval service", lifespan=lifespan)
 
@@ -122,6 +137,8 @@ def make_app(searcher, about: dict[str, Any], request_timeout_s: float = 30.0, o
 
     @app.get("/health")
     async def health():
+        if not running or running[0].done():  # searches could only time out: say so
+            raise HTTPException(503, "the search loop has stopped; restart the service")
         return dict(about, status="ok", pid=os.getpid(), index_calls=batcher.calls)
 
     @app.post("/search")
@@ -145,12 +162,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(searcher, about: dict, host: str = "127.0.0.1", port: int = 0,
-          request_timeout_s: float = 30.0) -> None:
-    """Serves until killed; prints `READY http://HOST:PORT` on stdout once it accepts requests."""
+def serve(searcher, about: dict, sock: socket.socket, request_timeout_s: float = 30.0) -> None:
+    """Serves on `sock` (from `bind`) until killed; prints `READY http://HOST:PORT` on stdout
+    once it accepts requests."""
     import uvicorn
-    sock = bind(host, port)
-    url = f"http://{host}:{sock.getsockname()[1]}"
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host}:{port}"
 
     def ready():
         print(f"READY {url}", flush=True)
@@ -165,10 +182,11 @@ def serve(searcher, about: dict, host: str = "127.0.0.1", port: int = 0,
 # ---------------------------------------------------------------------------- the client
 
 class ServiceClient:
-    """What a Search-QA env worker holds in `retriever="service"` mode."""
+    """What a Search-QA env worker holds in `retriever="service"` mode. `timeout_s`: the
+    service's own request timeout; the client waits 5 s more, so the service's 504 arrives."""
 
     def __init__(self, url: str, timeout_s: float = 30.0):
-        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s + 5.0
 
     def _call(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
@@ -177,6 +195,10 @@ class ServiceClient:
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                 return json.loads(r.read())
+        except (http.client.HTTPException, json.JSONDecodeError) as e:
+            raise EnvError(f"The retrieval service at {self.url} sent a broken answer to {path} "
+                           f"({type(e).__name__}: {e}); is it a skilljax retrieval service?") \
+                from None
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")[:300]
             raise EnvError(f"The retrieval service at {self.url} answered {e.code} to {path}: "
@@ -220,7 +242,10 @@ class ServiceProcess:
             self.args += ["--dense-model", dense_model]
         self.host, self.port = host, port
         self.start_timeout_s = start_timeout_s
-        self.log_path = log_path or os.devnull
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="skilljax_retrieval_", suffix=".log")
+            os.close(fd)
+        self.log_path = log_path
         self.restarts = 0
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -231,17 +256,18 @@ class ServiceProcess:
         environ = dict(os.environ)
         environ["PYTHONPATH"] = os.pathsep.join(
             [_PACKAGE_ROOT] + ([environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skilljax.envs.retrieval_service", *self.args,
-             "--port", str(self.port)], stdout=subprocess.PIPE, stderr=log, env=environ,
-            start_new_session=True)
-        log.close()
+        with open(self.log_path, "ab") as log:
+            # stdin stays open as the child's link to us: it exits when this process is gone,
+            # however it ended (its own session keeps a Ctrl-C in the terminal from reaching it).
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "skilljax.envs.retrieval_service", *self.args,
+                 "--port", str(self.port), "--parent-link"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, env=environ, start_new_session=True)
         line = _read_status(self.proc, self.start_timeout_s)
         if not line.startswith("READY "):
             self.close()
-            raise EnvError(f"The retrieval service did not start ({line or 'no answer'}); "
-                           f"its log: {self.log_path}.")
+            raise EnvError(f"The retrieval service did not start: {line or 'no answer'}. Its log "
+                           f"({self.log_path}) ends with:\n{_tail(self.log_path)}")
         self.url = line.split()[1]
         self.port = int(self.url.rsplit(":", 1)[1])  # a restart binds the same port
 
@@ -261,24 +287,52 @@ class ServiceProcess:
         reason = (f"exited with code {self.proc.returncode}" if self.proc.poll() is not None
                   else "stopped answering")
         self.close()
-        for attempt in range(20):  # the old socket may linger for a moment
+        for attempt in range(10):  # retried only while the port is taken (e.g. not yet freed)
             try:
                 self._start()
                 break
-            except EnvError:
-                if attempt == 19:
+            except EnvError as e:
+                if attempt == 9 or "Address already in use" not in str(e):
                     raise
                 time.sleep(0.5)
         self.restarts += 1
         return f"retrieval service {reason}; restarted at {self.url}"
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-        if self.proc is not None:
-            self.proc.wait()
-            if self.proc.stdout:
-                self.proc.stdout.close()
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: it and anything it started
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        for f in (proc.stdin, proc.stdout):
+            if f:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+
+def _tail(path: str, n: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _exit_with_parent() -> None:
+    """Exits this process when its stdin (the parent's pipe) reaches end of file."""
+    def watch():
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        finally:
+            os._exit(0)
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _read_status(proc: subprocess.Popen, timeout_s: float) -> str:
@@ -309,14 +363,18 @@ def main(argv=None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0: any free port")
     ap.add_argument("--request-timeout-s", type=float, default=30.0)
+    ap.add_argument("--parent-link", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.parent_link:
+        _exit_with_parent()
     try:
+        sock = bind(a.host, a.port)  # first: a taken port is known before the index loads
         searcher, about = open_searcher(a.index, a.source, a.kind, a.dense_model)
         searcher.search_batch(["warm up"], 1)
-    except (EnvError, ValueError) as e:
-        print(f"FAILED {e}", flush=True)
-        raise SystemExit(str(e)) from None
-    serve(searcher, about, a.host, a.port, a.request_timeout_s)
+    except Exception as e:  # noqa: BLE001  (whatever it is, the parent gets the reason)
+        print(f"FAILED {type(e).__name__}: {e}", flush=True)
+        raise SystemExit(1) from None
+    serve(searcher, about, sock, a.request_timeout_s)
 
 
 if __name__ == "__main__":

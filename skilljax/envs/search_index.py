@@ -21,7 +21,9 @@ Layout of INDEX_DIR:
     bm25/                 the bm25s index (loaded with mmap)
     faiss.index           the FAISS index: `flat` (exact inner product), `ivf` (IVF-flat,
                           `nlist` lists, `nprobe` searched) or `hnsw` (`hnsw_m` links, `ef_search`;
-                          read into memory, where flat and IVF are memory-mapped)
+                          its graph read into memory, its vectors mapped); `nprobe` and
+                          `ef_search` are search settings: rerun the build with new values to
+                          change them on a finished index
 
 `open_index(INDEX_DIR)` loads it memory-mapped and answers `search_batch(queries, k)` with the
 same ranking code as the in-process retrievers of `search_corpus` (BM25: identical top k; dense
@@ -51,6 +53,16 @@ FAISS_KINDS = ("flat", "ivf", "hnsw")
 
 
 # ---------------------------------------------------------------------------- passages on disk
+
+def _save_npy(path: Path, array) -> None:
+    """`array` to `path` atomically and durably (a resumed build trusts every file it finds)."""
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+    _atomic_write(path, write)
+
 
 def iter_passages(corpus: str) -> Iterator[dict]:
     """{id, title, text} of each corpus row, streamed (a 21 M-row corpus is never all in memory)."""
@@ -99,10 +111,11 @@ def _write_passages(corpus: str, root: Path) -> int:
                                    ensure_ascii=False) + "\n").encode()
                 f.write(line)
                 offsets.append(offsets[-1] + len(line))
+            f.flush()
+            os.fsync(f.fileno())
 
     _atomic_write(root / "passages.jsonl", write)
-    _atomic_write(root / "offsets.npy",
-                  lambda tmp: np.save(open(tmp, "wb"), np.asarray(offsets, np.int64)))
+    _save_npy(root / "offsets.npy", np.asarray(offsets, np.int64))
     return len(offsets) - 1
 
 
@@ -117,8 +130,13 @@ def _settings(args: dict[str, Any], corpus: str) -> dict[str, Any]:
         out["corpus"] = {"path": str(Path(corpus).resolve()), "bytes": st.st_size}
     if args["kind"] == "dense":
         out.update({k: args[k] for k in ("model", "query_prefix", "passage_prefix", "faiss",
-                                         "nlist", "nprobe", "hnsw_m", "ef_search")})
+                                         "nlist", "hnsw_m")})
+    else:
+        out["bm25s"] = _import_bm25s().__version__  # its tokenizer made the shards' ids
     return out
+
+
+SEARCH_TIME = ("nprobe", "ef_search")  # settings of the search, changeable on a built index
 
 
 def build(corpus: str, kind: str, out: str | os.PathLike, *, model: str | None = None,
@@ -144,17 +162,22 @@ def build(corpus: str, kind: str, out: str | os.PathLike, *, model: str | None =
                               faiss=faiss, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m,
                               ef_search=ef_search, shard_size=shard_size), corpus)
     meta_path = root / "index.json"
+    search = {"nprobe": nprobe, "ef_search": ef_search} if kind == "dense" else {}
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
-        started = {k: v for k, v in meta.items() if k not in ("complete", "passages", "dim")}
+        started = {k: v for k, v in meta.items()
+                   if k not in ("complete", "passages", "dim", *SEARCH_TIME)}
         if started != settings:
             diff = sorted(k for k in set(started) | set(settings)
                           if started.get(k) != settings.get(k))
             raise EnvError(f"{root} holds an index started with other settings ({', '.join(diff)}"
                            f"); pass another --out, or delete {root} to rebuild.")
         if meta.get("complete"):
+            if any(meta.get(k) != v for k, v in search.items()):  # only the search changes
+                meta.update(search)
+                _atomic_write(meta_path, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)))
             return root
-    meta = dict(settings, complete=False)
+    meta = dict(settings, complete=False, **search)
     _atomic_write(meta_path, lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)))
     n = _write_passages(corpus, root)
     if n == 0:
@@ -172,8 +195,7 @@ def build(corpus: str, kind: str, out: str | os.PathLike, *, model: str | None =
             path = root / "shards" / f"{s:05d}.npy"
             if not path.exists():
                 texts = [contents(store[i]) for i in range(start, min(start + shard_size, n))]
-                emb = encode(encoder, texts, passage_prefix, batch_size)
-                _atomic_write(path, lambda tmp, e=emb: np.save(open(tmp, "wb"), e))
+                _save_npy(path, encode(encoder, texts, passage_prefix, batch_size))
             bar.update(1)
         meta["dim"] = _faiss_finish(root, len(shards), faiss, nlist, hnsw_m)
     bar.close()
@@ -202,10 +224,17 @@ def _bm25_shards(store, root, shards, shard_size, bar) -> None:
             docs = bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
             ids = [vocab.setdefault(w, len(vocab)) for d in docs for w in d]
             lengths = [len(d) for d in docs]
+            # The vocabulary first: killed in between, it only holds extra words, which the
+            # shard's re-tokenisation gives the same ids.
             _atomic_write(vocab_path, lambda tmp: Path(tmp).write_text(json.dumps(vocab)))
-            _atomic_write(path, lambda tmp: np.savez(open(tmp, "wb"),
-                                                     ids=np.asarray(ids, np.int32),
-                                                     lengths=np.asarray(lengths, np.int32)))
+
+            def write(tmp, ids=ids, lengths=lengths):
+                with open(tmp, "wb") as f:
+                    np.savez(f, ids=np.asarray(ids, np.int32),
+                             lengths=np.asarray(lengths, np.int32))
+                    f.flush()
+                    os.fsync(f.fileno())
+            _atomic_write(path, write)
         bar.update(1)
 
 
@@ -213,11 +242,11 @@ def _bm25_finish(root: Path, num_shards: int) -> None:
     bm25s = _import_bm25s()
     from bm25s.tokenization import Tokenized
     vocab = json.loads((root / "vocab.json").read_text())
-    docs = []
+    docs = []  # per passage, a view into its shard's int32 ids (bm25s takes arrays as lists)
     for s in range(num_shards):
         with np.load(root / "shards" / f"{s:05d}.npz") as z:
             ids, lengths = z["ids"], z["lengths"]
-        docs += [d.tolist() for d in np.split(ids, np.cumsum(lengths)[:-1])]
+        docs += np.split(ids, np.cumsum(lengths)[:-1])
     index = bm25s.BM25()
     index.index(Tokenized(ids=docs, vocab=vocab), show_progress=False)
     _atomic_write(root / "bm25", lambda tmp: index.save(str(tmp), show_progress=False))
@@ -232,9 +261,11 @@ def _faiss():
 
 
 def _faiss_finish(root: Path, num_shards: int, kind: str, nlist: int, hnsw_m: int) -> int:
+    """The FAISS index over the shards' embeddings, added shard by shard (memory-mapped, so
+    only the index itself is held, not a second copy of every vector)."""
     faiss = _faiss()
-    emb = np.concatenate([np.load(root / "shards" / f"{s:05d}.npy") for s in range(num_shards)])
-    n, dim = emb.shape
+    shards = [np.load(root / "shards" / f"{s:05d}.npy", mmap_mode="r") for s in range(num_shards)]
+    n, dim = sum(len(x) for x in shards), shards[0].shape[1]
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
     elif kind == "hnsw":
@@ -243,9 +274,12 @@ def _faiss_finish(root: Path, num_shards: int, kind: str, nlist: int, hnsw_m: in
         nlist = nlist or max(1, min(int(4 * np.sqrt(n)), n // 39 or 1))  # FAISS: >= 39 per list
         quantizer = faiss.IndexFlatIP(dim)
         index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        sample = emb[np.random.default_rng(0).permutation(n)[:max(nlist * 64, 10_000)]]
-        index.train(sample)
-    index.add(emb)
+        pick = np.sort(np.random.default_rng(0).permutation(n)[:max(nlist * 64, 10_000)])
+        starts = np.cumsum([0] + [len(x) for x in shards])
+        index.train(np.concatenate([np.asarray(x[pick[(pick >= a) & (pick < b)] - a])
+                                    for x, a, b in zip(shards, starts, starts[1:])]))
+    for x in shards:
+        index.add(np.ascontiguousarray(x, dtype=np.float32))
     _atomic_write(root / "faiss.index", lambda tmp: faiss.write_index(index, str(tmp)))
     return dim
 
@@ -275,15 +309,15 @@ class DiskIndex:
             self.index = self._bm25s.BM25.load(str(self.root / "bm25"), mmap=True)
         else:
             faiss = _faiss()
-            # Memory-mapped: flat codes (IO_FLAG_MMAP_IFC) and IVF lists (IO_FLAG_MMAP); an HNSW
-            # graph is read into memory (FAISS maps neither it nor its vectors).
-            flags = {"flat": faiss.IO_FLAG_MMAP_IFC, "ivf": faiss.IO_FLAG_MMAP}.get(
-                self.meta["faiss"], 0)
+            # Memory-mapped: the vectors of flat and HNSW indexes (IO_FLAG_MMAP_IFC) and the IVF
+            # lists (IO_FLAG_MMAP); the HNSW graph and the IVF quantizer are read into memory.
+            flags = {"flat": faiss.IO_FLAG_MMAP_IFC, "hnsw": faiss.IO_FLAG_MMAP_IFC,
+                     "ivf": faiss.IO_FLAG_MMAP}[self.meta["faiss"]]
             self.index = faiss.read_index(str(self.root / "faiss.index"), flags)
             if self.meta["faiss"] == "ivf":
-                self.index.nprobe = self.meta["nprobe"]
+                self.index.nprobe = self.meta.get("nprobe", 16)
             elif self.meta["faiss"] == "hnsw":
-                self.index.hnsw.efSearch = self.meta["ef_search"]
+                self.index.hnsw.efSearch = self.meta.get("ef_search", 128)
             self.encoder = encoder or load_encoder(self.meta["model"])
 
     def __len__(self) -> int:

@@ -134,7 +134,7 @@ class SearchQA(Env):
         self.service_url, self.service_timeout_s = service_url, service_timeout_s
         self.task: Task | None = None
         self.fmt = SearchAnswer()
-        self._prefetched: dict[str, list[dict]] = {}
+        self._prefetched: dict[str, list[dict] | EnvError] = {}
 
     @classmethod
     def start_sidecars(cls, env_kwargs, log_dir):
@@ -176,7 +176,12 @@ class SearchQA(Env):
                 by_retriever.setdefault(id(r), (r, []))[1].append((env, arg))
         for r, wanted in by_retriever.values():
             k = max(env.top_k for env, _ in wanted)
-            hits = r.search_batch([arg for _, arg in wanted], k)
+            try:
+                hits = r.search_batch([arg for _, arg in wanted], k)
+            except EnvError as e:  # each step fails with it at once, rather than ask again
+                for env, arg in wanted:
+                    env._prefetched[arg] = e
+                continue
             for (env, arg), passages in zip(wanted, hits):
                 env._prefetched[arg] = passages[:env.top_k]
 
@@ -255,9 +260,11 @@ class SearchQA(Env):
             observation = ""
         elif kind == "search" and arg:
             passages = self._prefetched.pop(arg, None)
+            self._prefetched.clear()
+            if isinstance(passages, Exception):
+                raise passages
             if passages is None:
                 passages = self.retriever.search(arg, self.top_k)
-            self._prefetched.clear()
             observation = format_passages(passages)
             info["query"], info["retrieved"] = arg, [p["id"] for p in passages]
             self.searches.append((arg, observation))

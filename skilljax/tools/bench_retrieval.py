@@ -105,7 +105,8 @@ def run(passages: int, workers: int, queries: int, rounds: int, mode: str,
     service = ServiceProcess(index=str(index), start_timeout_s=900.0)
     try:
         pid = service.proc.pid
-        report = {"passages": passages, "workers": workers, "queries_per_worker": queries,
+        report = {"passages": json.loads((Path(index) / "index.json").read_text())["passages"],
+                  "workers": workers, "queries_per_worker": queries,
                   "rounds": rounds, "mode": mode, "corpus_write_s": round(t1 - t0, 1),
                   "index_build_s": round(t2 - t1, 1),
                   "index_bytes": sum(p.stat().st_size for p in Path(index).rglob("*")
