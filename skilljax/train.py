@@ -190,6 +190,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         m.update(res.stats)
         if evolver is not None:
             m.update(m_evo)
+        if run.pool.sidecars:  # e.g. the retrieval service: restarts so far (a died service)
+            m["sidecar_restarts"] = len(run.pool.sidecar_events)
         m.update(rollout_s=time.time() - t0, trained_samples=len(keep),
                  episodes=len(res.trajectories), episodes_local=len(local.trajectories),
                  reward_mean=float(rewards.trajectory_rewards(res).mean()),

@@ -249,8 +249,9 @@ def test_search_skill0_runlocal(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["env"]["kwargs"] == \
         {"retriever": "service", "service_index": str(index), "top_k": 3}
     assert (tmp_path / "retrieval_service.log").exists()
-    assert all(json.loads(l).get("failures", 0) == 0
-               for l in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r.get("failures", 0) == 0 for r in rows)
+    assert [r["sidecar_restarts"] for r in rows if "sidecar_restarts" in r] == [0, 0]
     summary = json.loads((tmp_path / "summary.json").read_text())
     block = summary["eval"]["final"]["with_skills"]
     assert set(block["per_task"]) <= {"direct", "attribute", "comparison", "multihop"}
