@@ -8,7 +8,8 @@ sweep resumes unfinished runs and skips finished ones (those with a summary.json
 prints one `python -m skilljax.train ...` command per run (to hand to a cluster scheduler).
 Runs share warm starts through WORKDIR/warm_start_cache (`sft.cache_dir`): the arms of one seed
 differ only after the warm start, so it is trained once per seed.
-`--summary` prints a table of the finished runs' final evaluation (without / with skills success),
+`--summary` prints a table of the finished runs' final evaluation (without / with skills success)
+and draws them in `sweep.png` (next to the `--results` files, else in DIR),
 and, when the runs carry seeds, one row per arm with each seed's success and the means over seeds.
 `--results DIR` keeps each finished run's evaluation (a small JSON per run, without the model) in
 DIR: a run found there counts as finished, and `--summary` reads it, so results gathered over
@@ -174,6 +175,25 @@ def seed_table(root: Path, names: list[str], results: Path | None = None) -> str
     return "\n".join(lines)
 
 
+def sweep_plot(config: str, arg: str | None, root: Path, names: list[str],
+               results: Path | None) -> Path | None:
+    """sweep.png next to the results (the --results folder, else the sweep's workdir): every arm's
+    finished seeds (`skilljax.plots.sweep_figure`); None when no run has finished."""
+    arms: dict[str, dict[str, dict]] = {}
+    for name in names:
+        record = load_result(root, results, name)
+        if record is not None and "final" in record.get("eval", {}):
+            arm, seed = _seed_of(name)
+            arms.setdefault(arm.removeprefix("variant="), {})[seed or "0"] = record["eval"]
+    if not arms:
+        return None
+    from skilljax.plots import sweep_figure
+    out = (results or root) / "sweep.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    sweep_figure(arms, out, Path(config).stem + (f" ({arg})" if arg else ""))
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("config")
@@ -207,6 +227,8 @@ def main(argv=None) -> None:
         print(summary_table(root, names, results))
         if (table := seed_table(root, names, results)) is not None:
             print("\nBy arm (means over the finished seeds):\n" + table)
+        if (figure := sweep_plot(args.config, args.arg, root, names, results)) is not None:
+            print(f"\nfigure: {figure}")
         return
     module = _module(args.config)
     for run, name in zip(runs, names):

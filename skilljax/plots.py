@@ -1,22 +1,33 @@
-"""PNG figures of a training workdir (matplotlib, no display needed).
+"""PNG figures of a training workdir, and of a sweep (matplotlib, no display needed).
 
-`write_all(workdir)` draws, from metrics.jsonl and summary.json:
-- success.png: validation success with every skill file, with the active files and without
-  skills over steps (and train success);
-- deltas.png: Δ_k per skill file at every curriculum update (the SKILL0 paper's Figure 6);
+`write_all(workdir)` draws, from metrics.jsonl, summary.json and config.json, each titled with the
+run (workdir name) and its seed, with the curriculum's stage boundaries (where the budget M(s)
+changes) as dashed lines:
+- success.png: validation success with every skill file ("with skills", the full set), with the
+  active files and without skills, and the train rollouts' success (raw and smoothed);
+- deltas.png: Δ_k per skill file at every curriculum update (the SKILL0 paper's Figure 6); a file
+  that was withdrawn at an update is a gap there (its "with" pass had no text of it: no Δ);
 - skills.png: active skill files and the stage budget over steps;
 - tokens.png: prompt tokens per step by part (skill, history, observation, template);
 - evolution.png (SkillForge runs): bank size (general / task-type skills), skill calls per
-  episode, and every skill's EMA success p̂ and underperformance score conf(s) over steps.
+  episode, and every skill's EMA success p̂ and underperformance score conf(s) over steps;
+- eval.png: test success with and without skills, initial and final.
+`sweep_figure(arms, path, title)` draws one sweep: per arm, the final success of each seed
+(dots) and their mean with the binomial standard error of one evaluation (`launch/sweep.py
+--summary` writes it next to the sweep's table).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
+
 from etils import epath
 
 from skilljax.metrics import read_metrics
+
+SMOOTH = 0.1  # EMA weight of the newest step in the smoothed train curve
 
 
 def _pyplot():
@@ -24,6 +35,54 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
+
+
+def _title(workdir) -> str:
+    """"RUN, seed N" from the workdir's name and config.json."""
+    seed = None
+    if (workdir / "config.json").exists():
+        try:
+            seed = json.loads((workdir / "config.json").read_text()).get("seed")
+        except (json.JSONDecodeError, OSError):
+            pass
+    return workdir.name + ("" if seed is None else f", seed {seed}")
+
+
+def _stages(rows: list) -> list[tuple[int, int]]:
+    """(step, new budget) where the curriculum's budget changes."""
+    out, last = [], None
+    for r in rows:
+        b = r.get("budget")
+        if b is not None and last is not None and b != last:
+            out.append((r["step"], b))
+        if b is not None:
+            last = b
+    return out
+
+
+def _mark_stages(ax, stages) -> None:
+    for step, budget in stages:
+        ax.axvline(step, color="0.5", ls=":", lw=0.8)
+        ax.annotate(f"M={budget}", (step, 1), xycoords=("data", "axes fraction"),
+                    xytext=(2, -10), textcoords="offset points", fontsize=7, color="0.4")
+
+
+def delta_series(val_rows: list) -> dict[str, list[tuple[int, float]]]:
+    """Per skill file, (step, Δ_k) at each curriculum update; NaN (a gap) where the file was not
+    active in that update's with-skills pass (`active_files` of the row), so its Δ measured
+    nothing of it."""
+    files = sorted({f for r in val_rows for f in r.get("deltas", {})})
+    return {f: [(r["step"], r["deltas"][f] if f in r.get("active_files", [f]) else math.nan)
+                for r in val_rows if f in r.get("deltas", {})] for f in files}
+
+
+def smooth(values: list[float], weight: float = SMOOTH) -> list[float]:
+    """Exponential moving average (the first value as it is)."""
+    out, ema = [], None
+    for v in values:
+        ema = v if ema is None else (1 - weight) * ema + weight * v
+        out.append(ema)
+    return out
 
 
 def write_all(workdir) -> list:
@@ -35,9 +94,14 @@ def write_all(workdir) -> list:
         return []
     plt = _pyplot()
     written = []
+    title = _title(workdir)
+    stages = _stages(rows)
 
     def save(fig, name):
         path = out_dir / name
+        for ax in fig.axes:  # the figure's subject goes on top of each figure
+            if not ax.get_title():
+                ax.set_title(title, fontsize=9)
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)
@@ -46,34 +110,41 @@ def write_all(workdir) -> list:
         written.append(path)
 
     steps = [r["step"] for r in rows]
+    train = [(r["step"], r["success_rate"]) for r in rows if "success_rate" in r]
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(steps, [r.get("success_rate", 0) for r in rows], color="0.75", lw=1,
-            label="train rollouts (active skills)")
+    if train:
+        ax.plot([p[0] for p in train], [p[1] for p in train], color="0.82", lw=1,
+                label="train rollouts (active skills)")
+        ax.plot([p[0] for p in train], smooth([p[1] for p in train]), color="0.45", lw=1.5,
+                label=f"train, smoothed (EMA {SMOOTH:g})")
     val = [r for r in rows if "val_without_skills" in r]
-    for key, style, label in (("val_full_skills", "^-", "validation, all skill files"),
-                              ("val_with_skills", "o-", "validation, active skill files"),
+    for key, style, label in (("val_full_skills", "^-", "validation, with skills (all files)"),
+                              ("val_with_skills", "o--", "validation, active files only"),
                               ("val_without_skills", "s-", "validation, without skills")):
         pts = [(r["step"], r[key]) for r in val if key in r]  # no active pass at budget 0
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label,
+                    alpha=0.6 if key == "val_with_skills" else 1.0)
+    _mark_stages(ax, stages)
     ax.set(xlabel="RL step", ylabel="success rate", ylim=(-0.02, 1.02))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     save(fig, "success.png")
 
     if val and any(r.get("deltas") for r in val):
-        files = sorted({f for r in val for f in r.get("deltas", {})})
         fig, ax = plt.subplots(figsize=(6, 3.6))
-        for f in files:
-            pts = [(r["step"], r["deltas"][f]) for r in val if f in r.get("deltas", {})]
+        for f, pts in delta_series(val).items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f)
         ax.axhline(0, color="k", lw=0.5)
-        ax.set(xlabel="RL step", ylabel="Δ_k (with − without skills)")
+        _mark_stages(ax, stages)
+        ax.set(xlabel="RL step (updates; a gap: the file was withdrawn)",
+               ylabel="Δ_k (with − without skills)")
         ax.legend(fontsize=7)
         save(fig, "deltas.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.step(steps, [r.get("active_skills", 0) for r in rows], where="post", label="active files")
     ax.step(steps, [r.get("budget", 0) for r in rows], where="post", ls="--", label="budget M(s)")
+    _mark_stages(ax, stages)
     ax.set(xlabel="RL step", ylabel="skill files")
     ax.legend(fontsize=8)
     save(fig, "skills.png")
@@ -129,3 +200,35 @@ def _evolution(plt, save, rows: list) -> None:
         if 0 < len(ids) <= 12:
             ax.legend(fontsize=6, ncol=2)
     save(fig, "evolution.png")
+
+
+def sweep_figure(arms: dict[str, dict[str, dict]], path, title: str) -> None:
+    """One figure of a sweep: per arm, each seed's final test success without skills (dots) and
+    with skills (crosses), and their means with the binomial standard error of one evaluation at
+    the mean (error bars). `arms`: arm → seed → eval block ({"final": {mode: {...}}})."""
+    plt = _pyplot()
+    names = list(arms)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(names) + 2), 3.6))
+    for off, mode, marker, label in ((-0.12, "without_skills", "o", "without skills"),
+                                     (0.12, "with_skills", "x", "with skills")):
+        means, errs = [], []
+        for i, arm in enumerate(names):
+            finals = [ev["final"][mode] for ev in arms[arm].values() if ev]
+            vals = [f["success_rate"] for f in finals]
+            ax.scatter([i + off] * len(vals), vals, marker=marker, s=18, color="0.35", zorder=3)
+            m = sum(vals) / len(vals) if vals else math.nan
+            n = min((f.get("episodes", 0) for f in finals), default=0)
+            means.append(m)
+            errs.append(math.sqrt(m * (1 - m) / n) if n and vals else math.nan)
+        ax.errorbar([i + off for i in range(len(names))], means, yerr=errs, fmt="_", ms=14,
+                    capsize=3, label=f"{label}: mean ± binomial SE", zorder=2)
+    seeds = sorted({s for runs in arms.values() for s in runs})
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
+    ax.set(ylabel="final test success", ylim=(-0.02, 1.02),
+           title=f"{title} (seeds {', '.join(seeds)})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    epath.Path(path).write_bytes(buf.getvalue())
+    plt.close(fig)

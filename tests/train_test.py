@@ -439,6 +439,9 @@ def test_sweep_results_folder_collects_finished_runs(tmp_path):
     # The mean ± one 60-episode evaluation's binomial standard error, √(.375 · .625 / 60).
     assert row.endswith("| 0.375 ± 0.062 | 6.000 | 0.375 | 0.250 |") and "0.250 → 0.000" in row
     assert "| – |" in sweep.summary_table(tmp_path / "runs", [twin], tmp_path / "results")
+    # --summary's figure: every arm's finished seeds, next to the results
+    out = sweep.sweep_plot(CONFIG, "runlocal", tmp_path / "runs", names, tmp_path / "results")
+    assert out == tmp_path / "results" / "sweep.png" and out.stat().st_size > 5000
 
 
 SKILLFORGE = str(ROOT / "configs" / "skillforge_chores.py")

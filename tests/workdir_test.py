@@ -52,3 +52,32 @@ def test_run_files_in_a_remote_workdir(bucket):
     written = plots.write_all(workdir)
     assert written and all((bucket / "runs" / "a" / "plots" / p.name).stat().st_size > 0
                            for p in written)
+
+
+def test_plots_title_stages_gaps_and_smoothing(tmp_path):
+    """Figures name the run and its seed; stage boundaries come from budget changes; a file
+    withdrawn at an update is a gap in its Δ curve, not a 0."""
+    import json
+    import math
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"seed": 7}))
+    w = MetricsWriter(tmp_path / "run", tensorboard=False)
+    rows = []
+    for step in range(1, 9):
+        r = {"success_rate": step / 10, "budget": 2 if step <= 4 else 0,
+             "active_skills": 2 if step <= 4 else 0,
+             "active_files": ["a", "b"] if step <= 4 else ([] if step > 5 else ["a"])}
+        if step in (2, 4, 6):
+            r.update(val_without_skills=0.3, val_with_skills=0.5, val_full_skills=0.6,
+                     deltas={"a": 0.25, "b": 0.0 if step == 6 else -0.1})
+        w.write(step, r)
+        rows.append(dict(r, step=step))
+    w.close()
+    assert plots._title(epath.Path(tmp_path / "run")) == "run, seed 7"
+    assert plots._stages(rows) == [(5, 0)]
+    series = plots.delta_series([r for r in rows if "deltas" in r])
+    assert series["a"][:2] == [(2, 0.25), (4, 0.25)] and math.isnan(series["a"][2][1])
+    assert math.isnan(series["b"][2][1])           # withdrawn at step 6: a gap, not its 0.0
+    assert plots.smooth([0.0, 1.0, 1.0]) == [0.0, 0.1, pytest.approx(0.19)]
+    names = {p.name for p in plots.write_all(tmp_path / "run")}
+    assert {"success.png", "deltas.png", "skills.png", "tokens.png"} <= names
