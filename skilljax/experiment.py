@@ -98,6 +98,11 @@ def reuse_config(c) -> SegmentationConfig | None:
     r = c.reuse
     if not r.enabled:
         return None
+    if r.mode == "none" and c.env.name not in projection.ALPHABETS:
+        # Logging only (e.g. configs/default.py on an env of your own): nothing to project.
+        print(f"reuse: env {c.env.name!r} has no skill projection; the dictionary is not "
+              "logged (reuse.mode 'none').", flush=True)
+        return None
     projection.projection(c.env.name)  # a clear error when the env has no projection
     return SegmentationConfig(
         mode=r.mode, coef=r.coef, horizon=rollout_config(c, evaluation=False).max_turns,
