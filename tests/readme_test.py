@@ -46,3 +46,50 @@ def test_add_your_own_environment_example(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["config"]["env"]["name"] == "my_envs.keydoor:KeyDoor"
     assert summary["eval"]["final"]["without_skills"]["episodes"] > 0
+
+
+def _commands() -> list[list[str]]:
+    """Every command line of the README's bash blocks (continuations joined, comments and
+    trailing `&` dropped)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().rstrip("&").strip()
+            if line and not line.startswith("#"):
+                out.append(shlex.split(line))
+    return out
+
+
+def test_every_readme_command_parses_and_explains_itself(capsys):
+    """Each `python -m` tool in the README answers --help; each `--config` (with the overrides on
+    its line) loads; each launch script parses. The cheap runs themselves are in other tests
+    (runlocal trainers, play, the environment example above)."""
+    import importlib
+
+    import pytest
+    from skilljax import config as config_lib
+    commands = _commands()
+    modules = sorted({argv[argv.index("-m") + 1] for argv in commands if "-m" in argv})
+    assert "skilljax.train" in modules and len(modules) >= 10
+    for name in modules:
+        with pytest.raises(SystemExit) as e:
+            importlib.import_module(name).main(["--help"])
+        assert e.value.code == 0, name
+        assert "usage:" in capsys.readouterr().out, name
+    specs = 0
+    for argv in commands:
+        overrides = [a for a in argv if a.startswith("--config.")]
+        spec = (argv[argv.index("--config") + 1] if "--config" in argv
+                else argv[2] if argv[:2] in (["bash", "launch/gpu.sh"], ["bash", "launch/tpu.sh"])
+                else None)
+        if spec is not None:
+            config_lib.load_config(str(ROOT / spec), overrides)
+            specs += 1
+    assert specs >= 5
+    for argv in commands:
+        for arg in argv:
+            if arg.endswith(".sh"):
+                subprocess.run(["bash", "-n", str(ROOT / arg)], check=True)
+            elif arg.startswith("launch/") and arg.endswith(".py"):
+                subprocess.run([sys.executable, str(ROOT / arg), "--help"], check=True,
+                               capture_output=True)
