@@ -217,6 +217,7 @@ def base_config() -> ml_collections.ConfigDict:
         tensorboard=True,             # also write TensorBoard events
         wandb_project="",             # a W&B project: also log there (pip install wandb)
         wandb_mode="",                # "online", "offline" (sync later) or "" (WANDB_MODE / W&B's)
+        progress="auto",              # progress bars: "auto" (when stderr is a terminal), "on", "off"
     )
     c.lock()
     for path in OPEN:

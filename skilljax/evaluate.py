@@ -24,7 +24,7 @@ import numpy as np
 from etils import epath
 
 from skilljax import config as config_lib
-from skilljax import distributed
+from skilljax import console, distributed
 from skilljax.envs.base import Task
 from skilljax.experiment import Run, build_run
 from skilljax.envs.pool import EnvPool
@@ -81,6 +81,8 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
     cfg = dataclasses.replace(cfg, group_size=samples_per_task)
     same = catalog is None and not any(skill_text(contexts, t).strip() for t in tasks)
     out = {}
+    progress = console.bar((1 if same else len(modes)) * len(seeds) * len(tasks), "eval",
+                           unit="task")
     for mode in modes:
         if same and out:
             out[mode] = next(iter(out.values()))
@@ -94,7 +96,9 @@ def evaluate_policy(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
                             skill_context=contexts if mode == "with_skills" else None, fmt=fmt,
                             catalog=catalog if mode == "with_skills" else None)
             results.append(merge(distributed.allgather_objects(local)))
+            progress.update(len(tasks))
         out[mode] = _block(results, samples_per_task)
+    progress.close()
     return out
 
 
@@ -111,6 +115,7 @@ def evaluate_chains(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
     length = min(len(s) for s in scenarios)
     cfg = dataclasses.replace(cfg, group_size=samples_per_task)
     out = {}
+    progress = console.bar(len(modes) * len(seeds) * len(scenarios), "eval", unit="scenario")
     for mode in modes:
         results, chain_blocks = [], []
         for j, seed in enumerate(seeds):
@@ -124,12 +129,14 @@ def evaluate_chains(sampler: Sampler, tok: Tokenizer, pool: EnvPool, tasks: Sequ
             res, chains = merge_chains(distributed.allgather_objects(local), len(scenarios))
             results.append(res)
             chain_blocks.append(chain_stats(res, chains))
+            progress.update(len(scenarios))
         block = _block(results, samples_per_task)
         for key in ("sgc", "skill_use_rate", "library_size", "steps_per_scenario",
                     "tokens_per_scenario"):
             block["scenario_success_rate" if key == "sgc" else key] = float(
                 np.mean([b[key] for b in chain_blocks]))
         out[mode] = block
+    progress.close()
     return out
 
 
@@ -207,6 +214,7 @@ def main(argv=None) -> None:
     config = (config_lib.load_config(args.config, overrides) if args.config
               else config_lib.workdir_config(args.workdir, overrides))
     distributed.initialize_from_env()
+    console.setup(config.metrics.progress)
     block = evaluate_workdir(args.workdir, config, args.step)
     print(json.dumps(block))
 

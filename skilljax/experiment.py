@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from etils import epath
 
-from skilljax import distributed, models
+from skilljax import console, distributed, models
 from skilljax import sharding as shd
 from skilljax.envs import base as envs_base
 from skilljax.envs.pool import EnvPool, open_pool
@@ -100,8 +100,8 @@ def reuse_config(c) -> SegmentationConfig | None:
         return None
     if r.mode == "none" and c.env.name not in projection.ALPHABETS:
         # Logging only (e.g. configs/default.py on an env of your own): nothing to project.
-        print(f"reuse: env {c.env.name!r} has no skill projection; the dictionary is not "
-              "logged (reuse.mode 'none').", flush=True)
+        console.info(f"reuse: env {c.env.name!r} has no skill projection; the dictionary is not "
+                     "logged (reuse.mode 'none').")
         return None
     projection.projection(c.env.name)  # a clear error when the env has no projection
     return SegmentationConfig(

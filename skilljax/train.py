@@ -26,7 +26,7 @@ import numpy as np
 from etils import epath
 
 from skilljax import config as config_lib
-from skilljax import distributed, rewards
+from skilljax import console, distributed, rewards
 from skilljax.envs import base as envs_base
 from skilljax.evaluate import evaluate_run
 from skilljax.experiment import (Keys, Run, advantage_config, build_evolver, build_run,
@@ -57,10 +57,12 @@ class _NoMetrics:
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
     c, workdir = config, epath.Path(workdir)  # local or remote (gs://...)
     t_start = time.time()
-    print(f"skilljax.train: workdir {workdir}", flush=True)
+    console.setup(c.metrics.progress)
+    console.set_step(None)
+    console.info(f"skilljax.train: workdir {workdir}")
     if c.metrics.tensorboard and distributed.is_main():
-        print(f"skilljax.train: watch it with `tensorboard --logdir {workdir}/tensorboard` "
-              f"(or tail {workdir}/metrics.jsonl)", flush=True)
+        console.info(f"watch it with `tensorboard --logdir {workdir}/tensorboard` "
+                     f"(or tail {workdir}/metrics.jsonl)")
 
     # ------------------------------------------------------------------ build
     run = build_run(c, workdir)
@@ -83,7 +85,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             reuse.load_state_dict(state.reuse)
         if evolver is not None and state.evolution:
             evolver.load_state_dict(state.evolution)
-        print(f"resumed from step {step}", flush=True)
+        console.info(f"resumed from step {step}")
     keys, wall_before = Keys(rng), state.wall_s
 
     def add_time(phase: str, seconds: float) -> None:
@@ -117,13 +119,20 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             state.warm_start = warm_start.load(entry, run)
         else:
             with (workdir / "sft_metrics.jsonl" if distributed.is_main()
-                  else epath.Path(os.devnull)).open("w") as sft_log:
-                state.warm_start = warm_start.run(run, lambda s, m: (
-                    sft_log.write(json.dumps(m) + "\n"), sft_log.flush(),
-                    print(f"warm start {s}/{c.sft.steps}: loss {m['loss']:.4f}", flush=True)))
+                  else epath.Path(os.devnull)).open("w") as sft_log, \
+                    console.bar(c.sft.steps, "warm start") as progress:
+
+                def log(s, m):
+                    progress.update(s - progress.n)
+                    if s % 25 == 0 or s == c.sft.steps:
+                        sft_log.write(json.dumps(m) + "\n")
+                        sft_log.flush()
+                        console.info(f"warm start {s}/{c.sft.steps}: loss {m['loss']:.4f}")
+
+                state.warm_start = warm_start.run(run, log)
             if entry is not None:
                 warm_start.store(entry, run, state.warm_start)
-        print(f"warm start: {state.warm_start}", flush=True)
+        console.info(f"warm start: {state.warm_start}")
         add_time("warm_start", time.time() - t0)
         save(0)
 
@@ -142,7 +151,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             and not curriculum.history:  # `skills.validate_at_start`: the released step-0 update
         m = curriculum_update(run, curriculum, 0, keys("validation", 0))
         metrics.write(0, dict(m, optimizer_steps=0, episodes=0, episodes_local=0))
-        print("step 0:" + _val_line(m), flush=True)
+        console.info("step 0:" + _val_line(m))
         save(0)
     rcfg, adv_cfg = run.rollout_config(evaluation=False), advantage_config(c)
     success_reward = envs_base.env_class(c.env.name).success_reward
@@ -152,8 +161,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                         c.rl.tasks_per_step, c.seed)
     if state.task_stream or state.step:  # (checkpoints older than the stream: its position)
         stream.set_state(state.task_stream or {"next_index": state.step})
+    progress = console.bar(c.rl.steps, "RL", initial=min(state.step, c.rl.steps))
     for step in range(state.step + 1, c.rl.steps + 1):
         t0 = time.time()
+        console.set_step(step)
         # This process's task groups of this step; the stream's position is in every checkpoint,
         # so a resumed run reads the tasks an uninterrupted one would.
         share = next(stream)
@@ -223,17 +234,21 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                 add_time("evolution", time.time() - t0)
             m.update(evolver.metrics())
         metrics.write(step, m)
-        print(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
-              f"invalid {m['invalid_rate']:.3f} skills {len(active)} episodes "
-              f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m)
-              + (f" bank {m['bank_size']} calls/episode {m['skill_calls']:.2f}"
-                 if evolver is not None else "")
-              + (f" sgc {m['sgc']:.3f} library {m['library_size']:.2f} skill use "
-                 f"{m['skill_use_rate']:.2f}" if scenarios is not None else ""),
-              flush=True)
+        console.info(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
+                     f"invalid {m['invalid_rate']:.3f} skills {len(active)} episodes "
+                     f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m)
+                     + (f" bank {m['bank_size']} calls/episode {m['skill_calls']:.2f}"
+                        if evolver is not None else "")
+                     + (f" sgc {m['sgc']:.3f} library {m['library_size']:.2f} skill use "
+                        f"{m['skill_use_rate']:.2f}" if scenarios is not None else ""))
+        progress.set_postfix(success=f"{m['success_rate']:.2f}", refresh=False)
+        progress.update()
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
             state.task_stream = stream.get_state()
             save(step)
+
+    progress.close()
+    console.set_step(None)
 
     # ------------------------------------------------------------------ final evaluation
     if "final" not in state.eval:
@@ -318,9 +333,9 @@ def _print_eval(phase: str, block: dict) -> None:
     w, wo = block["with_skills"], block["without_skills"]
     sgc = lambda b: (f", SGC {b['scenario_success_rate']:.3f}" if "scenario_success_rate" in b
                      else "")
-    print(f"eval {phase}: with skills {w['success_rate']:.3f}{sgc(w)} ({w['tokens_per_step']:.0f} "
-          f"tok/step), without {wo['success_rate']:.3f}{sgc(wo)} ({wo['tokens_per_step']:.0f} "
-          "tok/step)", flush=True)
+    console.info(f"eval {phase}: with skills {w['success_rate']:.3f}{sgc(w)} "
+                 f"({w['tokens_per_step']:.0f} tok/step), without {wo['success_rate']:.3f}"
+                 f"{sgc(wo)} ({wo['tokens_per_step']:.0f} tok/step)")
 
 
 def main(argv=None) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from skilljax import console
 from skilljax.models import qwen
 from skilljax.rl import batch as batch_lib
 from skilljax.rl.batch import response_window
@@ -135,7 +136,7 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
         if on_step is not None:
             on_step(step + 1, metrics)
         if log_every and (step + 1) % log_every == 0:
-            print(f"sft step {step + 1}/{cfg.steps}: loss {metrics['loss']:.4f}", flush=True)
+            console.info(f"sft step {step + 1}/{cfg.steps}: loss {metrics['loss']:.4f}")
         if should_stop is not None and should_stop(step + 1):
             break
         if not admitted and admit_later(step + 1):

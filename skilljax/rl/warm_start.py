@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from skilljax import config as config_lib
+from skilljax import console
 from skilljax.envs import base as envs_base
 from skilljax.rl import sft
 from skilljax.rl.chains import chain_rollout, library_validator, scenarios_of
@@ -168,7 +169,7 @@ def cache_entry(c, max_turns: int) -> Path | None:
     if not c.sft.cache_dir:
         return None
     if jax.process_count() > 1:
-        print("sft.cache_dir is ignored in a multi-process run.", flush=True)
+        console.info("sft.cache_dir is ignored in a multi-process run.")
         return None
     cfg = config_lib.to_dict(c)
     parts = {k: cfg.get(k) for k in ("seed", "env", "tokenizer", "model", "prompt")}
@@ -284,7 +285,7 @@ def _chain_data(r: Run):
 
 def run(r: Run, log, on_check=None) -> dict:
     """The supervised warm start of `r.model`; its record (samples, steps, wall_s, final_loss,
-    heldout_nll, heldout_curve, bare_admitted_at). `log(step, metrics)`: every 25 steps.
+    heldout_nll, heldout_curve, bare_admitted_at). `log(step, metrics)`: after every step.
     `on_check(step, held_samples)`: called at every held-out check (the warm-start probe's
     breakdown)."""
     c = r.config
@@ -308,7 +309,7 @@ def run(r: Run, log, on_check=None) -> dict:
         if not every or step % every:
             return False
         curve.append((step, sft.evaluate_nll(r.model, held, r.tok.pad_id)))
-        print(f"warm start {step}: held-out NLL {curve[-1][1]:.4f}", flush=True)
+        console.info(f"warm start {step}: held-out NLL {curve[-1][1]:.4f}")
         if on_check is not None:
             on_check(step, held)
         return curve[-1][1] < target and (admitted or not bare_after or not bare)
@@ -316,21 +317,20 @@ def run(r: Run, log, on_check=None) -> dict:
     def admit(step: int) -> bool:
         if curve and curve[-1][0] == step and curve[-1][1] < bare_after:
             admitted.append(step)
-            print(f"warm start {step}: skill-free episodes join ({len(bare)} samples)", flush=True)
+            console.info(f"warm start {step}: skill-free episodes join ({len(bare)} samples)")
         return bool(admitted)
 
     held_back = bool(bare_after and bare)  # else every sample from step 1, in rollout order
     history = sft.train(r.model, [s for s, b in zip(samples, is_bare) if not b] if held_back
                         else samples, scfg, r.tok.pad_id, seed=c.seed,
-                        on_step=lambda s, m: log(s, m) if s % 25 == 0 or s == scfg.steps else None,
+                        on_step=log,
                         should_stop=should_stop, later=bare if held_back else (),
                         admit_later=admit if held_back else None)
     nll = sft.evaluate_nll(r.model, held, r.tok.pad_id)
     if target and nll >= target:
-        print(f"WARNING: the warm start ended at held-out NLL {nll:.3f}, above its target "
-              f"{target}: the policy may not follow skill text yet, and RL from it will start "
-              f"weak. Raise sft.steps (the budget) or sft.learning_rate.",
-              flush=True)
+        console.warning(f"the warm start ended at held-out NLL {nll:.3f}, above its target "
+                        f"{target}: the policy may not follow skill text yet, and RL from it will "
+                        "start weak. Raise sft.steps (the budget) or sft.learning_rate.")
     return dict(samples=len(samples), steps=len(history), wall_s=time.time() - t0,
                 final_loss=float(np.mean([h["loss"] for h in history[-10:]])),
                 heldout_nll=nll, heldout_curve=curve,
