@@ -14,7 +14,9 @@ changes) as dashed lines:
 - eval.png: test success with and without skills, initial and final.
 `sweep_figure(arms, path, title)` draws one sweep: per arm, the final success of each seed
 (dots) and their mean with the binomial standard error of one evaluation (`launch/sweep.py
---summary` writes it next to the sweep's table).
+--summary` writes it next to the sweep's table); `sweep_records(folder)` reads the arms of a
+results folder. `curriculum_table(history)` writes a run's curriculum updates as markdown (for
+notebooks).
 """
 
 from __future__ import annotations
@@ -232,3 +234,37 @@ def sweep_figure(arms: dict[str, dict[str, dict]], path, title: str) -> None:
     fig.savefig(buf, format="png", dpi=110)
     epath.Path(path).write_bytes(buf.getvalue())
     plt.close(fig)
+
+
+def sweep_records(folder) -> dict[str, dict[str, dict]]:
+    """A results folder's run records (`launch/sweep.py --results`: one NAME.json per run, NAME
+    `k=v,...,seed=N`) as arm (NAME without its seed, `variant=` dropped) → seed → eval block, for
+    `sweep_figure`. Records without a final evaluation are left out."""
+    arms: dict[str, dict[str, dict]] = {}
+    for path in sorted(epath.Path(folder).glob("*=*.json")):
+        record = json.loads(path.read_text())
+        if "final" not in record.get("eval", {}):
+            continue
+        parts = path.name.removesuffix(".json").split(",")
+        seed = next((p.split("=", 1)[1] for p in parts if p.startswith("seed=")), "0")
+        arm = ",".join(p for p in parts if not p.startswith("seed=")) or "default"
+        arms.setdefault(arm.removeprefix("variant="), {})[seed] = record["eval"]
+    return dict(sorted(arms.items(), key=lambda kv: kv[0]))
+
+
+def curriculum_table(history: list[dict]) -> str:
+    """A run's curriculum updates (the "curriculum" list of summary.json or a run record) as a
+    markdown table: step, the budget set by the update, Δ_k per skill file ("–" where the file was
+    not active in that update's with-skills pass, or the update had none) and the files kept."""
+    files = sorted({f for u in history for f in u.get("deltas", {})}
+                   | {f for u in history for f in u.get("active", [])})
+    lines = ["| step | budget | " + " | ".join(f"Δ {f}" for f in files) + " | kept |",
+             "| --- | --- |" + " --- |" * len(files) + " --- |"]
+    measured = set(files)  # the files active during an update's pass: all, before the first
+    for u in history:
+        deltas = u.get("deltas", {})
+        cells = [f"{deltas[f]:+.2f}" if f in deltas and f in measured else "–" for f in files]
+        lines.append(f"| {u['step']} | {u['budget']} | " + " | ".join(cells)
+                     + f" | {', '.join(u.get('active', [])) or '(none)'} |")
+        measured = set(u.get("active", []))
+    return "\n".join(lines)

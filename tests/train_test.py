@@ -106,6 +106,31 @@ def test_released_step_zero_update_from_the_config(tmp_path):
     assert summary["curriculum"][0]["budget"] == 0
 
 
+def test_notebook_executes_on_the_workdir(workdir):
+    """notebooks/curriculum_analysis.ipynb, run by a Jupyter kernel on the runlocal workdir: the
+    committed sweep's figure and table, the run's curriculum table, and its figures inline."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.read(ROOT / "notebooks" / "curriculum_analysis.ipynb", as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code")  # stored clean
+    env = __import__("os").environ
+    old, env["WORKDIR"] = env.get("WORKDIR"), str(workdir)
+    try:
+        NotebookClient(nb, timeout=600, kernel_name="python3").execute()
+    finally:
+        env.pop("WORKDIR") if old is None else env.__setitem__("WORKDIR", old)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    images = [o for o in outputs if "image/png" in o.get("data", {})]
+    figures = sorted(p.name for p in (workdir / "plots").glob("*.png"))
+    assert len(images) == 1 + len(figures) and "success.png" in figures  # the sweep + the run's
+    markdown = "\n".join(o["data"]["text/markdown"] for o in outputs
+                         if "text/markdown" in o.get("data", {}))
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert f"**{workdir.name}**" in markdown and "| curriculum | 3 |" in markdown
+    assert markdown.count("\n| ") >= len(summary["curriculum"]) + 7  # every update, every arm
+
+
 def test_rerun_resumes_and_finishes(workdir):
     before = (workdir / "summary.json").read_text()
     proc = run_module("skilljax.train", "--config", CONFIG + ":runlocal", "--workdir", workdir,
