@@ -49,13 +49,34 @@ def sample_scores(result: RolloutResult, invalid_penalty: float = 0.0,
                      for s in result.samples], np.float64)
 
 
+def compression_bonus(result: RolloutResult, coef: float, failure_coef: float = 0.0) -> np.ndarray:
+    """[num step samples] SKILL0's compression reward of each step sample: coef·ln(cf) when its
+    trajectory succeeded, −failure_coef·ln(cf) when it failed (cf: the factor the step chose,
+    `StepSample.compression`). The released scripts use coef 0.01, failure_coef 0, and apply it
+    on every n-th training step only (`compression_due`)."""
+    won = [t.won for t in result.trajectories]
+    return np.array([(coef if won[s.episode] else -failure_coef) * np.log(s.compression)
+                     for s in result.samples], np.float64)
+
+
+def compression_due(step: int, every: int) -> bool:
+    """Whether RL step `step` (from 1) gets the compression reward: every `every`-th step, as the
+    released reward manager counts its calls (steps 8, 16, ... for every=8)."""
+    return every > 0 and step % every == 0
+
+
 def step_scores(result: RolloutResult, invalid_penalty: float = 0.0,
-                terms: Sequence[TrajectoryTerm] = ()) -> StepScores:
+                terms: Sequence[TrajectoryTerm] = (),
+                step_bonus: np.ndarray | None = None) -> StepScores:
     """Everything an advantage estimator reads about `result`'s step samples
-    (`skilljax.rl.losses.advantages`)."""
+    (`skilljax.rl.losses.advantages`). `step_bonus` ([num step samples], e.g.
+    `compression_bonus`) is added to each step sample's score as the invalid penalty is
+    subtracted: to that step alone."""
     traj = trajectory_rewards(result, terms)
     samples = result.samples
     penalty = np.array([0.0 if s.valid else invalid_penalty for s in samples], np.float64)
+    if step_bonus is not None:
+        penalty = penalty - np.asarray(step_bonus, np.float64)
     episodes = np.array([s.episode for s in samples], np.int64)
     return StepScores(
         scores=traj[episodes] - penalty if len(samples) else np.zeros(0),

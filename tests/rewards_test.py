@@ -94,3 +94,48 @@ def test_chain_rewards_table(r1, r2, from_q1, used, has_code, want):
 def test_chain_rewards_rejects_non_binary_outcomes():
     with pytest.raises(ValueError, match="0 or 1"):
         rewards.chain_rewards(10.0, 1, True, True)
+
+
+def test_compression_tag_parsing():
+    """SKILL0's <compression> projection: clamp to [1, 5], missing or unreadable → 1.0 (valid),
+    more than one tag → 1.0 and invalid, forced to 1.0 on an answer."""
+    from skilljax.rl.rollout import parse_compression
+    cases = [
+        ("<action>go</action><compression>2.5</compression>", (2.5, True)),
+        ("<COMPRESSION> 3 </Compression>", (3.0, True)),
+        ("<compression>9</compression>", (5.0, True)),
+        ("<compression>0.2</compression>", (1.0, True)),
+        ("<compression>-4</compression>", (1.0, True)),
+        ("no tag at all", (1.0, True)),
+        ("<compression>lots</compression>", (1.0, True)),
+        ("<compression>nan</compression>", (1.0, True)),
+        ("<compression>inf</compression>", (1.0, True)),
+        ("<compression>2</compression><compression>3</compression>", (1.0, False)),
+        ("<compression>2</compression></compression>", (1.0, False)),
+        ("<compression>2", (1.0, True)),
+    ]
+    for text, want in cases:
+        assert parse_compression(text) == want, text
+    assert parse_compression("<answer>x</answer><compression>4</compression>", answer=True) == (1.0, True)
+
+
+def test_compression_bonus_by_hand():
+    """coef·ln(cf) on the steps of successful trajectories, −failure_coef·ln(cf) on failed ones,
+    every n-th step; added to that step's score as the invalid penalty is subtracted."""
+    import dataclasses
+    task = Task("t", "x", "train", {})
+    trajs = [Trajectory(task, 0, 0, rewards=[0.0, 10.0], won=True),
+             Trajectory(task, 0, 0, rewards=[0.0])]
+    samples = [dataclasses.replace(sample(0, True), compression=2.0),
+               dataclasses.replace(sample(0, False), compression=1.0),
+               dataclasses.replace(sample(1, True), compression=4.0)]
+    res = RolloutResult(samples, trajs, {})
+    np.testing.assert_allclose(rewards.compression_bonus(res, 0.01),
+                               [0.01 * np.log(2), 0.0, 0.0])
+    np.testing.assert_allclose(rewards.compression_bonus(res, 0.01, failure_coef=0.1),
+                               [0.01 * np.log(2), 0.0, -0.1 * np.log(4)])
+    x = rewards.step_scores(res, 0.1, step_bonus=rewards.compression_bonus(res, 0.01))
+    np.testing.assert_allclose(x.scores, [10 + 0.01 * np.log(2), 9.9, 0.0])
+    np.testing.assert_allclose(x.trajectory_scores, [10, 10, 0])
+    assert [rewards.compression_due(s, 8) for s in (1, 7, 8, 15, 16)] == [False] * 2 + [True, False, True]
+    assert not rewards.compression_due(8, 0)

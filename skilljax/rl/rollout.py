@@ -71,6 +71,31 @@ class ThinkAction:
         return action, True, ""
 
 
+COMPRESSION_RANGE = (1.0, 5.0)
+_COMPRESSION = re.compile(r"<compression>(.*?)</compression>", re.I | re.S)
+
+
+def parse_compression(text: str, *, answer: bool = False) -> tuple[float, bool]:
+    """(cf, valid): the area compression factor the agent chose for its next history image
+    (SKILL0's visual path, `<compression>x</compression>` after the action; §4.2 / §5 of the
+    released-code notes). The first tag's number clamped to [1, 5]; a missing tag, an unreadable,
+    NaN or infinite number → 1.0, still valid; more than one open or close tag → 1.0 and invalid;
+    `answer` (a final answer, Search) → 1.0."""
+    low = text.lower()
+    if low.count("<compression>") > 1 or low.count("</compression>") > 1:
+        return 1.0, False
+    match = _COMPRESSION.search(text)
+    if answer or match is None:
+        return 1.0, True
+    try:
+        cf = float(match.group(1).strip())
+    except ValueError:
+        return 1.0, True
+    if not np.isfinite(cf):
+        return 1.0, True
+    return float(min(max(cf, COMPRESSION_RANGE[0]), COMPRESSION_RANGE[1])), True
+
+
 # ---------------------------------------------------------------------------- prompts
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +182,7 @@ class StepSample:
                                  # info["state"] where the env gives one, else the observation
     perturbed: bool = False      # expert data only: a random action the noise took instead of the
                                  # expert's (it leads to states to recover from; not a target)
+    compression: float = 1.0     # visual path: the factor chosen for the next history image
 
 
 @dataclasses.dataclass
