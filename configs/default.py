@@ -56,7 +56,7 @@ def get_config(arg=None):
     # Reading procedure text appears abruptly (an induction-style lookup) at a seed-dependent step:
     # `steps` is a budget, the run stops at the held-out target. The skill-free episodes slow
     # that jump down (seed 0 never made it within 4,500 steps with them from step 1), so they join
-    # once the held-out NLL is below `bare_after_nll` (both seeds then reach the target: README).
+    # once the held-out NLL is below `bare_after_nll` (both seeds then reach the target: docs/results.md).
     c.sft.update(steps=4500, learning_rate=3e-3, warmup_steps=20, tasks=3000, check_every=250,
                  target_heldout_nll=0.06, task_options={"source": "random"},
                  without_skills_fraction=0.25,

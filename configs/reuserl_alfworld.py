@@ -18,7 +18,7 @@ admissible command 20 % of the time, half of those instead repeating the previou
 rejected: "Nothing happens."), and the expert recovers (`sft.expert_noise`, `sft.expert_repeat`).
 Evaluation at the paper's temperature 0.4 (greedy decoding makes a repeated rejected command an
 absorbing loop), two episodes per game. Even so the policy starts near the floor (0.03-0.08 on
-60 valid_seen games): see the README's ALFWorld paragraph.
+60 valid_seen games): see the ALFWorld paragraph of docs/results.md.
 
 Arguments: `checkpoint`, `cpu`, `runlocal`, `seed`, `eval_split`, `variant` (REUSE_VARIANTS).
 """

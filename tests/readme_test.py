@@ -1,5 +1,6 @@
 """The README's "Add your own environment" example works as written: its env file, played with
-the expert and a random policy, and trained end to end by the command it shows."""
+the expert and a random policy, and trained end to end by the command it shows. Every command in
+the README and in docs/*.md parses, and their links stay inside the repository."""
 
 import json
 import os
@@ -48,29 +49,49 @@ def test_add_your_own_environment_example(tmp_path):
     assert summary["eval"]["final"]["without_skills"]["episodes"] > 0
 
 
+def _pages() -> list:
+    """The README and every page under docs/ (the README's reference material lives there)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def _commands() -> list[list[str]]:
-    """Every command line of the README's bash blocks (continuations joined, comments and
-    trailing `&` dropped)."""
+    """Every command line of the bash blocks of the README and docs/*.md (continuations joined,
+    comments and trailing `&` dropped)."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip().rstrip("&").strip()
-            if line and not line.startswith("#"):
-                out.append(shlex.split(line))
+    for page in _pages():
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.strip().rstrip("&").strip()
+                if line and not line.startswith("#"):
+                    out.append(shlex.split(line))
     return out
 
 
+def _config_spec(argv: list[str]) -> str | None:
+    """The config a command trains with: `--config SPEC`, or the launch scripts' CONFIG argument
+    (`gpu.sh CONFIG WORKDIR`, `tpu.sh run|local CONFIG WORKDIR`), after any VAR=value prefix."""
+    if "--config" in argv:
+        return argv[argv.index("--config") + 1]
+    while argv and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", argv[0]):
+        argv = argv[1:]
+    if argv[:2] == ["bash", "launch/gpu.sh"]:
+        return argv[2]
+    if argv[:2] == ["bash", "launch/tpu.sh"] and argv[2] in ("run", "local"):
+        return argv[3]
+    return None
+
+
 def test_every_readme_command_parses_and_explains_itself(capsys):
-    """Each `python -m` tool in the README answers --help; each `--config` (with the overrides on
-    its line) loads; each launch script parses. The cheap runs themselves are in other tests
-    (runlocal trainers, play, the environment example above)."""
+    """Each `python -m` tool in the README and docs/*.md answers --help; each `--config` (with the
+    overrides on its line) loads; each launch script parses. The cheap runs themselves are in
+    other tests (runlocal trainers, play, the environment example above)."""
     import importlib
 
     import pytest
     from skilljax import config as config_lib
     commands = _commands()
     modules = sorted({argv[argv.index("-m") + 1] for argv in commands if "-m" in argv})
-    assert "skilljax.train" in modules and len(modules) >= 10
+    assert "skilljax.train" in modules and len(modules) >= 15
     for name in modules:
         with pytest.raises(SystemExit) as e:
             importlib.import_module(name).main(["--help"])
@@ -79,13 +100,11 @@ def test_every_readme_command_parses_and_explains_itself(capsys):
     specs = 0
     for argv in commands:
         overrides = [a for a in argv if a.startswith("--config.")]
-        spec = (argv[argv.index("--config") + 1] if "--config" in argv
-                else argv[2] if argv[:2] in (["bash", "launch/gpu.sh"], ["bash", "launch/tpu.sh"])
-                else None)
+        spec = _config_spec(argv)
         if spec is not None:
             config_lib.load_config(str(ROOT / spec), overrides)
             specs += 1
-    assert specs >= 5
+    assert specs >= 20
     for argv in commands:
         for arg in argv:
             if arg.endswith(".sh"):
@@ -93,3 +112,16 @@ def test_every_readme_command_parses_and_explains_itself(capsys):
             elif arg.startswith("launch/") and arg.endswith(".py"):
                 subprocess.run([sys.executable, str(ROOT / arg), "--help"], check=True,
                                capture_output=True)
+
+
+def test_readme_is_a_front_page_and_links_stay_in_the_repository():
+    """The README stays short (reference material goes to docs/), and every relative link of the
+    README and docs/*.md names a file or folder of the repository."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+    for page in _pages():
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.is_relative_to(ROOT.resolve()) and path.exists(), (page.name, target)
