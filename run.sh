@@ -19,8 +19,13 @@ setup() {  # $1: "test" to include the test extras and fixtures
   stamp_src=$(cat setup.py requirements*.txt constraints.txt; echo "$extras")
   local stamp="$VENV/.skilljax-installed$extras"
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$(echo "$stamp_src" | sha256sum)" ]; then
-    # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
-    if [ -n "$extras" ]; then "$VENV/bin/pip" install -q "$(grep '^torch==' requirements-test.txt)"; fi
+    # torch (the tests' reference) first and pinned, with PyTorch's CPU wheel index added: PyPI's
+    # Linux wheel pulls ~3 GB of CUDA libraries, and the index's `+cpu` build sorts above it. An
+    # unreachable index is skipped with a warning (pip then takes the pin from the other indexes).
+    if [ -n "$extras" ]; then
+      "$VENV/bin/pip" install -q --timeout 20 --retries 1 \
+        --extra-index-url https://download.pytorch.org/whl/cpu "$(grep '^torch==' requirements-test.txt)"
+    fi
     # The venv first on PATH: fast-downward-textworld (alfworld's planner) builds from source
     # with whatever `python` PATH finds first.
     # The tested versions (constraints.txt) within the package's ranges (requirements.txt).
