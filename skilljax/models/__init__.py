@@ -8,13 +8,16 @@ from pathlib import Path
 from jax.sharding import Mesh
 
 from skilljax import sharding as shd
-from skilljax.models import hf_io, qwen
+from skilljax.models import hf_io, qwen, qwen_vl, vl_image
 from skilljax.models.qwen import PRESETS, Qwen, QwenConfig
 
 
 def load(path_or_preset: str | os.PathLike, mesh: Mesh | None = None, dtype: str | None = None, *,
          layout: str = "fsdp_tp", seed: int = 0, **overrides) -> tuple[QwenConfig, Qwen]:
     """(config, model) from an HF directory or a preset name (random init with `seed`).
+
+    A Qwen2.5-VL directory (model_type "qwen2_5_vl") gives (qwen_vl.QwenVLConfig, qwen_vl.QwenVL),
+    subclasses of QwenConfig and Qwen.
 
     With a mesh, parameters are created or loaded directly into the `layout` shardings.
     `dtype` is the compute dtype; parameters stay float32 (master weights) unless `param_dtype` is
@@ -43,4 +46,5 @@ def compute_dtype(path_or_preset: str | os.PathLike, dtype: str | None = None) -
     return hf_io.read_config(path).dtype if path.is_dir() else "float32"
 
 
-__all__ = ["load", "compute_dtype", "Qwen", "QwenConfig", "PRESETS", "hf_io", "qwen"]
+__all__ = ["load", "compute_dtype", "Qwen", "QwenConfig", "PRESETS", "hf_io", "qwen", "qwen_vl",
+           "vl_image"]

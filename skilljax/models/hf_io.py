@@ -3,7 +3,8 @@
 `TABLE` maps each HF tensor name to a parameter path and says how the layouts differ: HF `Linear`
 weights are stored [out, in]; ours are [in, out] with the head dimensions split out (q: D,N,H;
 o: N,H,D), and HF vectors are flat. The same rule converts in both directions, so loading and
-export cannot drift apart.
+export cannot drift apart. Qwen2.5-VL checkpoints use the text rows for their decoder and the
+`visual.*` rows for the vision tower (`model_type` "qwen2_5_vl" in config.json selects the model).
 
 Loading reads safetensors through a memory map and builds each parameter with
 `jax.make_array_from_callback`, so every device reads only its own slice from disk; no parameter
@@ -28,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from skilljax import sharding as shd
-from skilljax.models import qwen
+from skilljax.models import qwen, qwen_vl
 
 
 class CheckpointError(ValueError):
@@ -39,7 +40,8 @@ class CheckpointError(ValueError):
 class Rule:
     hf: str           # regex over HF tensor names; groups fill `ours`
     ours: str         # our parameter path, '.'-joined, with {0} for the layer index
-    kind: str         # "linear": HF [out, in] ⇄ ours [*in, *out]; "vector": HF flat; "same"
+    kind: str         # "linear": HF [out, in] ⇄ ours [*in, *out]; "vector": HF flat; "same";
+                      # "conv": HF [out, *in] ⇄ ours [*in, out] (a patch-sized Conv kernel)
     in_dims: int = 1  # for "linear": how many of our leading dims make HF's `in`
 
     def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -47,20 +49,27 @@ class Rule:
             return (math.prod(shape[self.in_dims:]), math.prod(shape[:self.in_dims]))
         if self.kind == "vector":
             return (math.prod(shape),)
+        if self.kind == "conv":
+            return (shape[-1], *shape[:-1])
         return shape
 
     def to_ours(self, a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """A view when numpy can make one; the loader slices it lazily per device."""
+        if self.kind == "conv":
+            return np.moveaxis(a, 0, -1)
         return (a.T if self.kind == "linear" else a).reshape(shape)
 
     def to_hf(self, a: np.ndarray) -> np.ndarray:
         hf_shape = self.hf_shape(a.shape)
+        if self.kind == "conv":
+            return np.ascontiguousarray(np.moveaxis(a, -1, 0))
         if self.kind == "linear":
             a = a.reshape(hf_shape[::-1]).T
         return np.ascontiguousarray(a.reshape(hf_shape))
 
 
 _L = r"model\.layers\.(\d+)\."
+_V = r"visual\.blocks\.(\d+)\."
 TABLE: tuple[Rule, ...] = (
     Rule(r"model\.embed_tokens\.weight", "embedding", "same"),
     Rule(_L + r"self_attn\.q_proj\.weight", "layers.{0}.attn.q", "linear"),
@@ -80,12 +89,39 @@ TABLE: tuple[Rule, ...] = (
     Rule(_L + r"post_attention_layernorm\.weight", "layers.{0}.mlp_norm.scale", "vector"),
     Rule(r"model\.norm\.weight", "final_norm.scale", "vector"),
     Rule(r"lm_head\.weight", "lm_head", "linear"),
+    # Qwen2.5-VL's vision tower (qwen_vl.VisionTower); its decoder uses the rows above.
+    Rule(r"visual\.patch_embed\.proj\.weight", "visual.patch_embed", "conv"),
+    Rule(_V + r"attn\.qkv\.weight", "visual.blocks.{0}.attn.qkv", "linear"),
+    Rule(_V + r"attn\.qkv\.bias", "visual.blocks.{0}.attn.qkv_bias", "vector"),
+    Rule(_V + r"attn\.proj\.weight", "visual.blocks.{0}.attn.proj", "linear", in_dims=2),
+    Rule(_V + r"attn\.proj\.bias", "visual.blocks.{0}.attn.proj_bias", "vector"),
+    Rule(_V + r"mlp\.gate_proj\.weight", "visual.blocks.{0}.mlp.gate", "linear"),
+    Rule(_V + r"mlp\.gate_proj\.bias", "visual.blocks.{0}.mlp.gate_bias", "vector"),
+    Rule(_V + r"mlp\.up_proj\.weight", "visual.blocks.{0}.mlp.up", "linear"),
+    Rule(_V + r"mlp\.up_proj\.bias", "visual.blocks.{0}.mlp.up_bias", "vector"),
+    Rule(_V + r"mlp\.down_proj\.weight", "visual.blocks.{0}.mlp.down", "linear"),
+    Rule(_V + r"mlp\.down_proj\.bias", "visual.blocks.{0}.mlp.down_bias", "vector"),
+    Rule(_V + r"norm1\.weight", "visual.blocks.{0}.norm1.scale", "vector"),
+    Rule(_V + r"norm2\.weight", "visual.blocks.{0}.norm2.scale", "vector"),
+    Rule(r"visual\.merger\.ln_q\.weight", "visual.merger.norm.scale", "vector"),
+    Rule(r"visual\.merger\.mlp\.0\.weight", "visual.merger.fc1", "linear"),
+    Rule(r"visual\.merger\.mlp\.0\.bias", "visual.merger.fc1_bias", "vector"),
+    Rule(r"visual\.merger\.mlp\.2\.weight", "visual.merger.fc2", "linear"),
+    Rule(r"visual\.merger\.mlp\.2\.bias", "visual.merger.fc2_bias", "vector"),
 )
 # Buffers some exporters write that carry no parameters.
 IGNORED = (re.compile(r".*rotary_emb\.inv_freq"),)
+# transformers 5 names Qwen2.5-VL's modules model.language_model.* and model.visual.* in memory (and
+# some checkpoints were saved so); save_pretrained writes the original names the table uses.
+ALIASES = ((re.compile(r"^model\.language_model\."), "model."),
+           (re.compile(r"^model\.visual\."), "visual."))
+# Our stacked modules: parameters with a leading layer axis, named per layer in the table.
+STACKED = ("layers.", "visual.blocks.")
 
 
 def hf_to_ours(name: str) -> tuple[Rule, str] | None:
+    for pattern, replacement in ALIASES:
+        name = pattern.sub(replacement, name)
     for rule in TABLE:
         m = re.fullmatch(rule.hf, name)
         if m:
@@ -188,11 +224,21 @@ def checkpoint_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def read_config(path: str | os.PathLike, **overrides) -> qwen.QwenConfig:
+    """The QwenConfig of an HF directory (a qwen_vl.QwenVLConfig for Qwen2.5-VL)."""
     config_file = Path(path) / "config.json"
     if not config_file.exists():
         raise CheckpointError(f"{path} has no config.json; expected a directory written by "
                               "transformers' save_pretrained or skilljax.tools.export_hf.")
-    return qwen.from_hf_config(json.loads(config_file.read_text()), **overrides)
+    hf = json.loads(config_file.read_text())
+    if hf.get("model_type") == "qwen2_5_vl":
+        return qwen_vl.from_hf_config(hf, **overrides)
+    return qwen.from_hf_config(hf, **overrides)
+
+
+def _abstract_model(cfg: qwen.QwenConfig, layout: shd.Layout | None):
+    if isinstance(cfg, qwen_vl.QwenVLConfig):
+        return qwen_vl.abstract_model(cfg, layout)
+    return qwen.abstract_model(cfg, layout)
 
 
 def _flat(state) -> Iterator[tuple[str, nnx.Variable]]:
@@ -203,10 +249,11 @@ def _flat(state) -> Iterator[tuple[str, nnx.Variable]]:
 def _per_layer(path: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...], int | None]]:
     """Our stacked parameter `layers.X` as the per-layer names `layers.{i}.X` the table uses:
     (name, per-layer shape, layer index); other parameters as themselves (index None)."""
-    if not path.startswith("layers."):
-        return [(path, shape, None)]
-    rest = path[len("layers."):]
-    return [(f"layers.{i}.{rest}", shape[1:], i) for i in range(shape[0])]
+    for prefix in STACKED:
+        if path.startswith(prefix):
+            rest = path[len(prefix):]
+            return [(f"{prefix}{i}.{rest}", shape[1:], i) for i in range(shape[0])]
+    return [(path, shape, None)]
 
 
 def load(path: str | os.PathLike, layout: shd.Layout | None = None, *, seed: int = 0,
@@ -219,7 +266,7 @@ def load(path: str | os.PathLike, layout: shd.Layout | None = None, *, seed: int
     """
     cfg = read_config(path, **overrides)
     tensors = checkpoint_tensors(path)
-    graphdef, state = nnx.split(qwen.abstract_model(cfg, layout))
+    graphdef, state = nnx.split(_abstract_model(cfg, layout))
     variables = {p: v for p, v in _flat(state) if not isinstance(v, qwen.LoRAParam)}
     targets = {name: (shape, p, i) for p, v in variables.items()
                for name, shape, i in _per_layer(p, tuple(v.shape))}
@@ -266,7 +313,7 @@ def load(path: str | os.PathLike, layout: shd.Layout | None = None, *, seed: int
         shape, dtype = tuple(var.shape), var.dtype
         parts = views[ours]
 
-        def read(idx, parts=parts, stacked=ours.startswith("layers.")):
+        def read(idx, parts=parts, stacked=ours.startswith(STACKED)):
             if not stacked:
                 return np.asarray(parts[0][idx], dtype=dtype)
             layers = range(len(parts))[idx[0]]
@@ -321,8 +368,10 @@ def export(model: qwen.Qwen, out_dir: str | os.PathLike, *, dtype: str | None = 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        to_hf_config = (qwen_vl.to_hf_config if isinstance(cfg, qwen_vl.QwenVLConfig)
+                        else qwen.to_hf_config)
         (tmp / "config.json").write_text(json.dumps(
-            qwen.to_hf_config(cfg.replace(lora_rank=0), dtype or cfg.param_dtype), indent=2))
+            to_hf_config(cfg.replace(lora_rank=0), dtype or cfg.param_dtype), indent=2))
         if len(shards) == 1:
             write_safetensors(tmp / "model.safetensors", shards[0])
         else:

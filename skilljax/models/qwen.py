@@ -57,6 +57,9 @@ class QwenConfig:
     rope_theta: float = 1e6
     # Scaled RoPE as (("rope_type", "yarn"), ("factor", 4.0), ...); None for plain RoPE.
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    # Multimodal RoPE (Qwen2-VL): how many of the head_dim / 2 frequencies follow the temporal,
+    # height and width position rows, e.g. (16, 24, 24); None for 1-D RoPE. See `rope_tables`.
+    mrope_section: tuple[int, ...] | None = None
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = True
     qkv_bias: bool = False
@@ -94,6 +97,11 @@ class QwenConfig:
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"{name}={getattr(self, name)!r}; choose one of {tuple(DTYPES)}.")
+        if self.mrope_section is not None:
+            object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+            if sum(self.mrope_section) != self.head_dim // 2:
+                raise ValueError(f"mrope_section {self.mrope_section} must sum to head_dim / 2 = "
+                                 f"{self.head_dim // 2} (one entry per rotary frequency).")
         kind = self.rope_scaling_dict.get("rope_type", "default")
         if kind not in SUPPORTED_ROPE:
             raise ValueError(
@@ -315,9 +323,22 @@ class Rope(NamedTuple):
 
 
 def rope_tables(cfg: QwenConfig, positions_BT: jax.Array) -> Rope:
-    """cos/sin for every position, computed once per forward and shared by all layers."""
+    """cos/sin for every position, computed once per forward and shared by all layers.
+
+    M-RoPE (Qwen2-VL, arXiv 2409.12191 §2.1): with `cfg.mrope_section` the positions may be
+    [3, B, T] (temporal, height, width rows); frequency j then rotates by the row of the section
+    it falls in (section i uses row i mod 3). Text tokens have three equal rows, which is 1-D RoPE,
+    so [B, T] positions are accepted too."""
     inv_freq, scale = rope_inv_freq(cfg)
-    freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    if positions_BT.ndim == 3:
+        if cfg.mrope_section is None:
+            raise ValueError(f"Positions of shape {positions_BT.shape} are M-RoPE positions "
+                             "[3, B, T], but the config has no mrope_section.")
+        rows = np.repeat(np.arange(len(cfg.mrope_section)) % 3, cfg.mrope_section)
+        positions_BTh = jnp.moveaxis(positions_BT[rows], 0, -1).astype(jnp.float32)
+        freqs_BTh = positions_BTh * jnp.asarray(inv_freq)
+    else:
+        freqs_BTh = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     angles = jnp.concatenate([freqs_BTh, freqs_BTh], axis=-1)[:, :, None, :]
     return Rope(jnp.cos(angles) * scale, jnp.sin(angles) * scale)
 
@@ -592,12 +613,21 @@ class Qwen(nnx.Module):
                             cfg.lora_scale)
                 setattr(getattr(self.layers, sub), target + "_lora", lora)
 
+    def embed(self, tokens_BT) -> jax.Array:
+        x_BTD = jnp.take(self.embedding[...], tokens_BT, axis=0).astype(DTYPES[self.cfg.dtype])
+        return shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout)
+
     def hidden(self, tokens_BT, positions_BT, mask_BTS, cache: LayerCache | None = None,
                cache_index=None):
         """Final-normed hidden states [B, T, D] and the updated cache."""
-        cfg, dt = self.cfg, DTYPES[self.cfg.dtype]
-        x_BTD = jnp.take(self.embedding[...], tokens_BT, axis=0).astype(dt)
-        x_BTD = shd.constrain(x_BTD, ("batch", "seq", "act_embed"), self.layout)
+        return self.hidden_from_embeds(self.embed(tokens_BT), positions_BT, mask_BTS, cache,
+                                       cache_index)
+
+    def hidden_from_embeds(self, x_BTD, positions_BT, mask_BTS, cache: LayerCache | None = None,
+                           cache_index=None):
+        """`hidden` from input embeddings [B, T, D] (the VL model's carry image features);
+        `positions_BT` may be M-RoPE positions [3, B, T] (see `rope_tables`)."""
+        cfg = self.cfg
         rope = rope_tables(cfg, positions_BT)
         graphdef, layers = nnx.split(self.layers)
 
