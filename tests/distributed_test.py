@@ -35,6 +35,7 @@ def test_single_process_is_untouched(monkeypatch):
         distributed.initialize_from_env()
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: two trainer processes, ~3 min
 def test_two_processes_train_like_one(tmp_path):
     port = _free_port()
     # SkillForge on too (it composes with the curriculum): its evolution runs on the first

@@ -9,6 +9,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -19,6 +21,7 @@ def _section(title: str) -> str:
     return text[start:end if end > 0 else None]
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: trains the example env
 def test_add_your_own_environment_example(tmp_path):
     section = _section("Add your own environment")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

@@ -220,8 +220,10 @@ def test_stop_ids_cut_at_first_stop(checkpoints):
     assert out.lengths[0] <= 5 and out.lengths[2] <= 3
 
 
-@pytest.mark.parametrize("mesh_spec,layout", [("data=2,fsdp=2,tensor=2", "fsdp_tp"), ("fsdp=8", "fsdp"),
-                                              ("data=4,tensor=2", "tp")])
+@pytest.mark.parametrize("mesh_spec,layout", [
+    ("data=2,fsdp=2,tensor=2", "fsdp_tp"),
+    pytest.param("fsdp=8", "fsdp", marks=pytest.mark.slow),
+    pytest.param("data=4,tensor=2", "tp", marks=pytest.mark.slow)])
 def test_mesh_matches_single_device(checkpoints, mesh_spec, layout):
     path = checkpoints["qwen3"][0]
     _, single = models.load(path)
@@ -260,6 +262,7 @@ def _live_bytes():
     return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: ~30 s
 def test_repeated_calls_with_new_shapes_do_not_grow_device_memory():
     """One KV cache at a time: a new shape frees the old cache before allocating its own, and the
     inference copy of the weights lives only during a call."""

@@ -90,6 +90,7 @@ def test_runlocal_writes_everything(workdir):
     assert (workdir / "tokenizer" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
 def test_released_step_zero_update_from_the_config(tmp_path):
     """`skills.validate_at_start` + `clamp_start=false`: the released code's update before step 1
     uses the last budget, 0, so it skips the with-skills pass and withdraws every file."""
@@ -144,6 +145,7 @@ def _comparable(row: dict) -> dict:
     return {k: v for k, v in row.items() if not (k.endswith("_s") or k.endswith("per_s"))}
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
 def test_kill_9_during_rl_then_resume_equals_an_uninterrupted_run(workdir, tmp_path):
     """SIGKILL at a random moment of RL (after RL step k's line, plus up to 0.5 s: mid-rollout,
     mid-update or mid-checkpoint), then a re-run: every metrics line (losses, success, the
@@ -185,6 +187,7 @@ def test_kill_9_during_rl_then_resume_equals_an_uninterrupted_run(workdir, tmp_p
     assert a["curriculum"] == b["curriculum"] and a["eval"] == b["eval"]
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
 def test_sweep_arms_share_a_cached_warm_start(tmp_path):
     cache = tmp_path / "cache"
     first, second = tmp_path / "a", tmp_path / "b"
@@ -206,6 +209,7 @@ def test_sweep_arms_share_a_cached_warm_start(tmp_path):
     assert len(list(cache.iterdir())) == 2
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
 def test_evaluate_cli(workdir):
     """From --workdir alone (its config.json); an override changes the evaluation only."""
     proc = run_module("skilljax.evaluate", "--workdir", workdir)
@@ -261,6 +265,7 @@ def test_export_a_trained_workdir(workdir, tmp_path):
     assert (out / "tokenizer.json").read_bytes() == (workdir / "tokenizer" / "tokenizer.json").read_bytes()
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
 def test_search_skill0_runlocal(tmp_path):
     """The Search-QA paper config's runlocal variant: <search>/<answer> format, curriculum over
     the four question-type files, retrieval as at paper scale: an index built on disk, one
@@ -297,6 +302,7 @@ def test_search_skill0_runlocal(tmp_path):
     assert all(r["optimizer_steps"] == -(-r["trained_samples"] // 4) for r in rows)
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
 def test_alfworld_skill0_runlocal(tmp_path):
     """The ALFWorld paper config's runlocal variant on synthesized games (needs `alfworld`)."""
     pytest.importorskip("alfworld")
@@ -392,7 +398,7 @@ def test_evaluation_plays_once_when_no_task_has_skill_text(monkeypatch):
             assert out["with_skills"]["success_rate"] == out["without_skills"]["success_rate"] == 1
 
 
-@pytest.mark.parametrize("name", ["countdown",
+@pytest.mark.parametrize("name", [pytest.param("countdown", marks=pytest.mark.slow),
                                   # ~70 s each (game generation, alfworld's engine): slow suite.
                                   pytest.param("textworld_cooking", marks=pytest.mark.slow),
                                   pytest.param("alfworld", marks=pytest.mark.slow)])

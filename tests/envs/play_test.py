@@ -22,6 +22,7 @@ def test_expert_wins_all_50_and_random_far_less(name, random_at_most):
     assert rand["success_rate"] <= random_at_most  # measured: chores 0.04, countdown 0.22
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: generates games
 def test_textworld_through_play(tmp_path):
     env = dict(os.environ, SKILLJAX_CACHE=str(tmp_path))
     out = play("--env", "textworld_cooking", "--policy", "expert", "--episodes", 4, "--workers", 2,

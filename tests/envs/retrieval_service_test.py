@@ -104,6 +104,7 @@ def test_index_from_a_user_corpus_file(tmp_path):
     assert ix.search("beverage", 1)[0]["title"] == "Tea"
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: encodes a corpus
 @dense_only
 def test_dense_faiss_indexes_against_brute_force(tmp_path, queries):
     ref = sc.DenseRetriever(sc.corpus_of(sc.GENERATED))

@@ -72,6 +72,7 @@ def test_task_lists_are_deterministic_disjoint_and_serialisable(tmp_path):
         twc.tasks("dev", 1)
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: generates games
 def test_simple_and_hard_settings_match_the_paper(games):
     _, made = games
     for task in made["train"] + made["test"]:

@@ -72,8 +72,10 @@ def test_kv_cache_prefill_then_decode_equals_full_forward(block):
     assert rel_err(np.asarray(cached)[real], np.asarray(full)[real]) <= 1e-5
 
 
-@pytest.mark.parametrize("variant", [dict(remat="full"), dict(remat="dots"), dict(attention_block=2),
-                                     dict(scan_layers=False), dict(scan_layers=False, remat="full")])
+@pytest.mark.parametrize("variant", [
+    dict(remat="full"), pytest.param(dict(remat="dots"), marks=pytest.mark.slow),
+    pytest.param(dict(attention_block=2), marks=pytest.mark.slow), dict(scan_layers=False),
+    pytest.param(dict(scan_layers=False, remat="full"), marks=pytest.mark.slow)])
 def test_scan_and_remat_same_values_and_grads(variant):
     """Scanned vs unrolled layers and every remat policy compute the same loss and gradients."""
     _, plain = models.load("tiny", attention_block=0)  # scanned, no remat, one attention block

@@ -30,7 +30,8 @@ def params(model):
     return {k: np.asarray(v.get_value()) for k, v in nnx.state(model, nnx.Param).flat_state()}
 
 
-@pytest.mark.parametrize("agg", losses.AGGREGATIONS)
+@pytest.mark.parametrize("agg", [a if a == "token-mean" else pytest.param(a, marks=pytest.mark.slow)
+                                 for a in losses.AGGREGATIONS])
 def test_micro_batches_equal_whole_batch(agg):
     batch = random_batch()
     _, model = models.load("tiny", num_layers=1, seed=0)
@@ -116,7 +117,7 @@ def test_reference_policy_and_kl():
         init_model, batch.tokens_BT, batch.attn_mask_BT)[0]), atol=1e-6)
 
 
-@pytest.mark.parametrize("windowed", [False, True])
+@pytest.mark.parametrize("windowed", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_update_on_a_mesh_matches_one_device(windowed):
     from skilljax import sharding
     batch = prompt_response_batch(b=8) if windowed else random_batch(b=8)
@@ -200,7 +201,8 @@ def test_response_window():
     assert response_window(np.ones((2, 16))) is None  # no shorter than the sequence
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("agg", ["token-mean",
+                                 pytest.param("seq-mean-token-sum", marks=pytest.mark.slow)])
 def test_response_window_equals_full_computation(agg):
     """Logits only over the responses: the same logprobs, entropies, loss and gradients."""
     batch = prompt_response_batch()
@@ -269,6 +271,7 @@ def test_first_mini_batch_is_on_policy_at_any_temperature():
         LearnerConfig(temperature=0.7, recompute_old_logp=False)
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: ~40 s
 def test_float32_master_weights_keep_small_updates():
     """bfloat16 compute at lr 1e-6: with float32 parameters nearly every weight moves; stored in
     bfloat16, the same updates round away (the issue's reason for master weights)."""

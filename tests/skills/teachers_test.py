@@ -410,6 +410,7 @@ def tiny():
     return model, tok
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: ~12 s
 def test_local_teacher_is_reproducible(tiny, tmp_path):
     prompts = ["review this skill", "induce a skill"]
     a = LocalTeacher(*tiny, max_new_tokens=8, temperature=1.0, seed=3)

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from tests.conftest import run_module
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: a benchmark's smoke run
 def test_bench_rollout_runs():
     proc = run_module("skilljax.tools.bench_rollout", "--tasks", 1, "--group", 2, "--turns", 2,
                       "--max-new-tokens", 4, "--repeats", 1, "--workers", 1)

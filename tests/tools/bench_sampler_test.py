@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from tests.conftest import run_module
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: a benchmark's smoke run
 def test_bench_sampler_reports_ratio():
     proc = run_module("skilljax.tools.bench_sampler", "--configs", "tiny", "--batch", 4,
                       "--new-tokens", 16, "--repeats", 3)

@@ -2,11 +2,14 @@
 
 import json
 
+import pytest
+
 from skilljax.models import qwen
 from skilljax.tools.bench_train import train_flops_per_token
 from tests.conftest import run_module
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: a benchmark's smoke run
 def test_bench_train_runs():
     proc = run_module("skilljax.tools.bench_train", "--configs", "tiny", "--batch", 4,
                       "--seq-len", 64, "--response-len", 8, "--micro-batch", 2, "--repeats", 1)

@@ -36,6 +36,7 @@ def test_generate_cli_greedy_matches_transformers(tmp_path, checkpoint):
     assert stats["decode_tokens_per_s"] > 0 and stats["compile_s"] > 0
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: ~30 s
 def test_generate_cli_seed_and_mesh(tmp_path, checkpoint):
     path, _ = checkpoint
     prompts = write_prompts(tmp_path / "in.jsonl")

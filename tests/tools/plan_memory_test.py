@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from skilljax.sampling import bucket_length
 from tests.conftest import ROOT, run_module
 
@@ -11,6 +13,7 @@ KEYS = ("devices", "params", "train_bytes_per_device", "prefill_bytes_per_device
         "decode_bytes_per_device", "compile_s")
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: compiles a sharded plan
 def test_plan_memory_on_a_fake_mesh():
     proc = run_module("skilljax.tools.plan_memory", "--config", "configs/alfworld_skill0.py:runlocal",
                       "--mesh", "fsdp=4", "--config.model.dtype=bfloat16",
@@ -37,6 +40,7 @@ def test_plan_memory_names_a_bad_checkpoint():
     assert proc.returncode != 0 and "neither an HF directory nor a preset" in proc.stderr
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: a benchmark's smoke run
 def test_bench_accelerator_smoke():
     proc = subprocess.run([sys.executable, "launch/bench_accelerator.py", "--smoke"],
                           capture_output=True, text=True, cwd=ROOT)

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from skilljax.tools import probe_warm_start
 
 
+@pytest.mark.slow  # in `bash run.sh test-slow`: a warm start
 def test_probe_splits_heldout_nll_by_action_kind(tmp_path, capsys):
     probe_warm_start.main(["--config", "configs/default.py:runlocal", "--workdir",
                            str(tmp_path), "--config.sft.steps=6", "--config.sft.check_every=3"])
