@@ -26,6 +26,19 @@ processes samples what one process would (`skilljax.rl.rollout` keys rows by tas
 In a multi-process run `generate` is collective: every process calls it once per turn with its own
 prompts (possibly none); the prompts and keys are gathered, sampled as one global batch on the
 global mesh, and each process gets its own rows back.
+
+Images (Qwen2.5-VL, `skilljax.models.qwen_vl.QwenVL`): `generate(token_ids, params, rng,
+images=[...])` with one entry per prompt: None (text only), a list of PIL images (preprocessed by
+`vl_image` with the Sampler's `image_kw`), or a (pixel_values, grid_thw) pair as
+`qwen_vl.images_to_inputs` returns it. A prompt's token ids already hold its images' image-pad
+tokens, expanded as the HF processor writes them (t·h·w / m² per image, in order). The prefill runs
+the vision tower over all images of the batch and M-RoPE positions [3, B, P] (`qwen_vl.rope_index`;
+left padding sits at position 0, as in the text prefill); decoding is text, each row continuing at
+its last position + 1 on all three M-RoPE rows (HF's `rope_deltas`: position = tokens so far +
+delta). The image patches of a batch are padded to a bucket of merge units (`bucket_length`), so
+images of nearby sizes share the tower's compile; the tower attends over all patches of a chunk at
+once ([heads, patches, patches] scores), so `max_batch` also bounds its memory. A batch without
+images takes the text prefill.
 """
 
 from __future__ import annotations
@@ -33,8 +46,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +57,7 @@ from flax import nnx
 from skilljax import distributed
 from skilljax import sharding as shd
 from skilljax.distributed import to_host
-from skilljax.models import qwen
+from skilljax.models import qwen, qwen_vl, vl_image
 
 MAX_STOP_IDS = 8  # stop ids are padded to this many (traced), -1 = unused
 
@@ -207,24 +220,32 @@ class _DecodeState(NamedTuple):
     sampling_logp_BN: jax.Array
 
 
-def _prefill(graphdef, state, cache, tokens_BP, mask_BP):
+def _prefill(graphdef, state, cache, tokens_BP, mask_BP, positions_B3P=None, vision=None):
+    """Last-position logits and the filled cache. With images: their M-RoPE positions (batch
+    first, so the rows shard like the tokens) and the tower's inputs (`qwen_vl.VisionInputs`)."""
     model = nnx.merge(graphdef, state)
     p, s = tokens_BP.shape[1], cache.k_LBKSH.shape[3]
-    positions_BP = qwen.positions_from_mask(mask_BP)
+    positions_BP = (qwen.positions_from_mask(mask_BP) if vision is None
+                    else jnp.moveaxis(positions_B3P, 1, 0))  # [3, B, P]
     valid_BS = jnp.zeros((tokens_BP.shape[0], s), bool).at[:, :p].set(mask_BP.astype(bool))
     causal_PS = jnp.arange(s)[None, :] <= jnp.arange(p)[:, None]
+    images = {} if vision is None else {"vision": vision}
     h_BPD, cache = model.hidden(tokens_BP, positions_BP, causal_PS[None] & valid_BS[:, None, :],
-                                cache, 0)  # a Python 0: a prefill (the cache is empty)
+                                cache, 0, **images)  # a Python 0: a prefill (the cache is empty)
     return model.logits(h_BPD[:, -1:])[:, 0], cache
 
 
 def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, knobs: _Knobs,
-            max_new: int, max_top_k: int):
+            max_new: int, max_top_k: int, delta_B=None):
+    """The decode loop. `delta_B` (M-RoPE models): each row's rope delta, so that generated token
+    i sits at position prompt length + delta + i (its last prompt position + 1 + i)."""
     model = nnx.merge(graphdef, state)
     keys_B = jax.random.wrap_key_data(key_data_B2)
     b, p = mask_BP.shape
     s = cache.k_LBKSH.shape[3]
     prompt_len_B = jnp.sum(mask_BP, axis=-1).astype(jnp.int32)
+    if delta_B is not None:
+        prompt_len_B = prompt_len_B + delta_B
     prompt_valid_BS = jnp.zeros((b, s), bool).at[:, :p].set(mask_BP.astype(bool))
 
     def cond(st: _DecodeState):
@@ -264,6 +285,15 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, kno
     return st.cache, st.tokens_BN, st.logp_BN, st.sampling_logp_BN, st.length_B, st.stopped_B
 
 
+def _abstract_model(cfg: qwen.QwenConfig, layout: shd.Layout | None):
+    module = qwen_vl if isinstance(cfg, qwen_vl.QwenVLConfig) else qwen
+    return module.abstract_model(cfg, layout)
+
+
+# One prompt's images: pixel values [patches, C·T·P·P] and grid_thw [images, 3], or None.
+PromptImages = tuple[np.ndarray, np.ndarray] | None
+
+
 def inference_layout(layout: shd.Layout | None) -> shd.Layout | None:
     """Where the sampler's weights live: the training layout, except that weights sharded over a
     `fsdp` axis are gathered into the tensor-parallel layout (batch still split over data × fsdp),
@@ -274,17 +304,24 @@ def inference_layout(layout: shd.Layout | None) -> shd.Layout | None:
 
 
 class Sampler:
-    """Generates for a batch of token-id prompts with the current weights of `model`.
+    """Generates for a batch of token-id prompts (with their images, for a Qwen2.5-VL model) with
+    the current weights of `model`.
 
     The model is read at every call, so a learner that updates it in place is sampled from as is.
     `max_batch`: rows per chunk (None: the whole batch at once). `gather_weights=False` keeps the
-    training layout for decoding (for measurements).
+    training layout for decoding (for measurements). `image_kw`: `vl_image.preprocess` keywords
+    (min_pixels, max_pixels) for prompts whose images come as PIL images.
     """
 
     def __init__(self, model: qwen.Qwen, *, pad_id: int = 0, max_top_k: int = 64,
-                 cache_dtype=None, max_batch: int | None = None, gather_weights: bool = True):
+                 cache_dtype=None, max_batch: int | None = None, gather_weights: bool = True,
+                 image_kw: Mapping[str, Any] | None = None):
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}.")
+        self.vl = isinstance(model.cfg, qwen_vl.QwenVLConfig)
+        if self.vl and pad_id == model.cfg.image_token_id:
+            raise ValueError(f"pad_id {pad_id} is the image-pad token id.")
+        self.image_kw = dict(image_kw or {})  # vl_image.preprocess keywords for PIL images
         self.model = model
         self.pad_id, self.max_top_k = pad_id, max_top_k
         self.cache_dtype, self.max_batch = cache_dtype, max_batch
@@ -295,7 +332,7 @@ class Sampler:
         self.cfg = cfg.replace(lora_rank=0, param_dtype=cfg.dtype, scan_layers=True)
         self._converts = (cfg.lora_rank > 0 or cfg.param_dtype != cfg.dtype
                           or self.layout != model.layout)  # (scanning needs no conversion)
-        self.graphdef, abstract = nnx.split(qwen.abstract_model(self.cfg, self.layout))
+        self.graphdef, abstract = nnx.split(_abstract_model(self.cfg, self.layout))
         if self._converts:
             shardings = (None if self.layout is None
                          else shd.state_shardings(abstract, self.layout).to_pure_dict())
@@ -362,15 +399,24 @@ class Sampler:
         return tokens, mask, p + n, n
 
     def generate(self, token_ids: Sequence[Sequence[int]], params: SamplingParams,
-                 rng: jax.Array) -> SampleOutput:
+                 rng: jax.Array, images: Sequence | None = None) -> SampleOutput:
         """Generate for each prompt. `rng`: one key (row i of the whole batch, all processes' prompts
         in process order, samples from `fold_in(rng, i)`) or one key per prompt (shape
-        [len(token_ids)]). Collective in a multi-process run (module doc): every process calls it,
-        possibly with no prompts, and bad requests raise on every process alike."""
+        [len(token_ids)]). `images` (a Qwen2.5-VL model): one entry per prompt, None, a list of PIL
+        images or a (pixel_values, grid_thw) pair (module doc). Collective in a multi-process run
+        (module doc): every process calls it, possibly with no prompts, and bad requests raise on
+        every process alike."""
         token_ids = [list(t) for t in token_ids]
         if rng.ndim not in (0, 1) or (rng.ndim == 1 and rng.shape != (len(token_ids),)):
             raise ValueError(f"rng: one key, or one key per prompt ({len(token_ids)}), got keys "
                              f"of shape {rng.shape}.")
+        if images is not None:
+            if not self.vl:  # (the same model on every process)
+                raise ValueError("images need a Qwen2.5-VL model (skilljax.models.qwen_vl); this "
+                                 f"Sampler's model is a {type(self.model).__name__}.")
+            images = list(images)
+            if len(images) == len(token_ids):  # otherwise raised after the gather, everywhere
+                images = [self._image_inputs(x) for x in images]
         multi = distributed.count() > 1
         start = 0
         if rng.ndim == 0 and multi:  # this process's rows' positions in the whole batch
@@ -380,14 +426,22 @@ class Sampler:
                 if rng.ndim == 0 else rng)
         key_data = np.asarray(jax.random.key_data(keys))  # [rows, key words]
         if multi:
-            parts = distributed.allgather_objects((token_ids, key_data))
+            mine = (token_ids, key_data) if images is None else (token_ids, key_data, images)
+            parts = distributed.allgather_objects(mine)
             start = sum(len(p[0]) for p in parts[:distributed.index()])
             all_ids, key_data = (distributed.concat(p[0] for p in parts),
                                  np.concatenate([p[1] for p in parts]))
         else:
             all_ids = token_ids
-        self._check(all_ids, params)  # the whole batch: every process raises alike
-        out = self._generate(all_ids, key_data, params)
+            parts = [(token_ids, key_data) if images is None else (token_ids, key_data, images)]
+        if any(len(p) > 2 and len(p[2]) != len(p[0]) for p in parts):
+            raise ValueError("images: one entry per prompt, got "
+                             f"{[len(p[2]) if len(p) > 2 else None for p in parts]} entries for "
+                             f"{[len(p[0]) for p in parts]} prompts (by process).")
+        if any(len(p) > 2 for p in parts):  # a process without images sends none
+            images = distributed.concat(p[2] if len(p) > 2 else [None] * len(p[0]) for p in parts)
+        self._check(all_ids, params, images)  # the whole batch: every process raises alike
+        out = self._generate(all_ids, key_data, params, images)
         if not multi:
             return out
         rows = slice(start, start + len(token_ids))
@@ -395,7 +449,19 @@ class Sampler:
                             out.finish_reasons[rows], out.sampling_logprobs[rows]
                             if out.sampling_logprobs is not None else None)
 
-    def _check(self, token_ids: list[list[int]], params: SamplingParams) -> None:
+    def _image_inputs(self, images) -> PromptImages:
+        """One prompt's images as (pixel_values, grid_thw), or None for none."""
+        if images is None or (isinstance(images, (list, tuple)) and len(images) == 0):
+            return None
+        if (isinstance(images, tuple) and len(images) == 2
+                and all(isinstance(a, (np.ndarray, jax.Array)) for a in images)):
+            pixels, grid = np.asarray(images[0], np.float32), np.asarray(images[1], np.int64)
+            return pixels, grid.reshape(-1, 3)
+        pixels, grid, _ = qwen_vl.images_to_inputs(self.model.cfg, list(images), **self.image_kw)
+        return pixels, grid
+
+    def _check(self, token_ids: list[list[int]], params: SamplingParams,
+               images: list[PromptImages] | None = None) -> None:
         if params.top_k > self.max_top_k:
             raise ValueError(f"top_k={params.top_k} exceeds this Sampler's max_top_k="
                              f"{self.max_top_k}; construct Sampler(..., max_top_k=...).")
@@ -404,18 +470,47 @@ class Sampler:
             raise ValueError("Every prompt needs at least one token.")
         if any(min(t) < 0 or max(t) >= vocab for t in token_ids):
             raise ValueError(f"Prompt token ids must lie in [0, {vocab}).")
+        if not self.vl:
+            return
+        cfg = self.model.cfg
+        for i, ids in enumerate(token_ids):
+            x = None if images is None else images[i]
+            want = ([] if x is None
+                    else vl_image.num_image_tokens(x[1], cfg.vision.spatial_merge_size))
+            have = sum(t == cfg.image_token_id for t in ids)
+            if have != sum(want):
+                raise ValueError(f"Prompt {i} holds {have} image-pad tokens (id "
+                                 f"{cfg.image_token_id}); its images need {sum(want)} "
+                                 f"({' + '.join(map(str, want)) or 'no images'}).")
+            if x is not None and x[0].shape != (int(np.prod(x[1], axis=-1).sum()),
+                                                cfg.vision.patch_dim):
+                raise ValueError(f"Prompt {i}: pixel_values of shape {x[0].shape}, its grid_thw "
+                                 f"{x[1].tolist()} needs {cfg.vision.patch_dim} values for each "
+                                 "of its patches.")
+
+    def _units(self, images: list[PromptImages]) -> int:
+        """Merge units (image-pad tokens) of these prompts' images together."""
+        m = self.model.cfg.vision.spatial_merge_size
+        return sum(sum(vl_image.num_image_tokens(x[1], m)) for x in images if x is not None)
 
     def _generate(self, token_ids: list[list[int]], key_data: np.ndarray,
-                  params: SamplingParams) -> SampleOutput:
+                  params: SamplingParams, images: list[PromptImages] | None = None
+                  ) -> SampleOutput:
         rows = len(token_ids)
         chunks = -(-rows // (self.max_batch or rows))
         size = -(-rows // chunks)
         prompt_len = max(len(t) for t in token_ids)
+        if images is not None and all(x is None for x in images):
+            images = None
+        # Every chunk with images pads its patches to the largest chunk's bucket: one tower shape.
+        units = None if images is None else bucket_length(max(
+            self._units(images[lo:lo + size]) for lo in range(0, rows, size)))
         state = self.inference_state()
         outs, timing = [], {}
         for lo in range(0, rows, size):
             out = self._chunk(state, token_ids[lo:lo + size], key_data[lo:lo + size], params,
-                              size, prompt_len)
+                              size, prompt_len, None if images is None else images[lo:lo + size],
+                              units)
             outs.append(out)
             for k, v in self.last_timing.items():
                 timing[k] = timing.get(k, 0) + v
@@ -428,8 +523,28 @@ class Sampler:
                             np.concatenate([o.lengths for o in outs]), cat("finish_reasons"),
                             cat("sampling_logprobs") if params.return_sampling_logprobs else None)
 
+    def _vision_args(self, tokens: np.ndarray, mask: np.ndarray, images: list[PromptImages],
+                     units: int):
+        """Prefill extras of a chunk with images: (M-RoPE positions [B, 3, P], tower inputs padded
+        to `units` merge units) and the rope deltas [B] of its decode."""
+        cfg = self.model.cfg
+        present = [x for x in images if x is not None]
+        if not present:  # a chunk of text prompts among chunks with images: the text prefill
+            return (), self._put(np.zeros(len(images), np.int32), ("batch",))
+        pixels = np.concatenate([x[0] for x in present])
+        grid = np.concatenate([x[1] for x in present])
+        positions_3BP, delta_B, vision = qwen_vl.prepare(cfg, tokens, mask, pixels, grid)
+        vision = qwen_vl.pad_vision_inputs(vision, units, cfg.vision)
+        replicated = lambda a: self._put(np.asarray(a), (None,) * np.ndim(a))
+        positions_B3P = self._put(np.ascontiguousarray(positions_3BP.transpose(1, 0, 2)),
+                                  ("batch", None, "seq"))
+        return ((positions_B3P, qwen_vl.VisionInputs(*map(replicated, vision))),
+                self._put(delta_B, ("batch",)))
+
     def _chunk(self, state, token_ids: list[list[int]], key_data: np.ndarray,
-               params: SamplingParams, batch: int, prompt_len: int) -> SampleOutput:
+               params: SamplingParams, batch: int, prompt_len: int,
+               images: list[PromptImages] | None = None, units: int | None = None
+               ) -> SampleOutput:
         tokens, mask, s, n = self.prepare(token_ids, params.max_new_tokens, batch=batch,
                                           prompt_len=prompt_len)
         b = tokens.shape[0]
@@ -444,13 +559,19 @@ class Sampler:
         keys = np.zeros((b, key_data.shape[1]), key_data.dtype)  # filler rows: any key
         keys[:len(token_ids)] = key_data
         keys_d = self._put(keys, ("batch", None))
+        vision_args, delta = (), ()
+        if images is not None:  # filler rows: no images (delta 0)
+            vision_args, delta_d = self._vision_args(
+                tokens, mask, list(images) + [None] * (b - len(token_ids)), units)
+            delta = (delta_d,)
 
         t0 = time.perf_counter()
-        logits, cache = self._prefill(self.graphdef, state, cache, tokens_d, mask_d)
+        logits, cache = self._prefill(self.graphdef, state, cache, tokens_d, mask_d, *vision_args)
         logits.block_until_ready()
         t1 = time.perf_counter()
         cache, out_tokens, logp, slogp, lengths, stopped = self._decode(
-            self.graphdef, state, cache, logits, mask_d, real_d, keys_d, knobs, n, self.max_top_k)
+            self.graphdef, state, cache, logits, mask_d, real_d, keys_d, knobs, n, self.max_top_k,
+            *delta)
         out_tokens, logp, slogp, lengths, stopped = (
             to_host(a) for a in (out_tokens, logp, slogp, lengths, stopped))
         t2 = time.perf_counter()
@@ -478,7 +599,7 @@ class Sampler:
             sharding = None if self.layout is None else self.layout.sharding(shape, axes)
             return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-        _, abstract = nnx.split(qwen.abstract_model(self.cfg, self.layout))
+        _, abstract = nnx.split(_abstract_model(self.cfg, self.layout))
         state = shd.abstract_state(abstract, self.layout).to_pure_dict()
         cache_shape = (self.cfg.num_layers, b, self.cfg.num_kv_heads, p + n, self.cfg.head_dim)
         cache_dtype = self.cache_dtype or qwen.DTYPES[self.cfg.dtype]

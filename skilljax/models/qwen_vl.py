@@ -226,6 +226,30 @@ def vision_inputs(pixel_values: np.ndarray, grid_thw: np.ndarray, vcfg: VisionCo
                         cat(cols), cat(frames), cat(windows))
 
 
+def pad_vision_inputs(vision: VisionInputs, units: int, vcfg: VisionConfig) -> VisionInputs:
+    """`vision` with zero patches appended up to `units` merge units, so that the tower compiles
+    once per bucket of sizes rather than once per size. The padding is a frame and a window of its
+    own (no real patch attends to it, nor it to them) and comes after every image in both orders:
+    the features of the real images keep their indices, and no image-pad token reads the rest."""
+    m2 = vcfg.spatial_merge_size ** 2
+    real = vision.order_U.shape[0]
+    if units < real:
+        raise ValueError(f"Cannot pad {real} merge units down to {units}.")
+    if units == real:
+        return vision
+    extra = units - real
+    tail_U = np.arange(real, units, dtype=np.int32)
+    fill = lambda a, value: np.concatenate([np.asarray(a), np.full(extra * m2, value, np.int32)])
+    next_id = lambda a: int(np.max(a)) + 1 if len(a) else 0
+    return VisionInputs(
+        np.concatenate([np.asarray(vision.patches_PK),
+                        np.zeros((extra * m2, vcfg.patch_dim), np.float32)]),
+        np.concatenate([np.asarray(vision.order_U), tail_U]),
+        np.concatenate([np.asarray(vision.inverse_U), tail_U]),
+        fill(vision.rows_P, 0), fill(vision.cols_P, 0),
+        fill(vision.frame_P, next_id(vision.frame_P)), fill(vision.window_P, next_id(vision.window_P)))
+
+
 def rope_index(tokens_BT: np.ndarray, mask_BT: np.ndarray | None, grid_thw: np.ndarray | None,
                cfg: QwenVLConfig) -> tuple[np.ndarray, np.ndarray]:
     """M-RoPE positions [3, B, T] and each row's delta [B] (arXiv 2409.12191 §2.1).
@@ -477,5 +501,5 @@ def images_to_inputs(cfg: QwenVLConfig, images: Sequence, **preprocess_kw
 
 
 __all__ = ["VisionConfig", "QwenVLConfig", "QwenVL", "VisionInputs", "from_hf_config",
-           "to_hf_config", "vision_inputs", "rope_index", "prepare", "forward", "create",
-           "abstract_model", "images_to_inputs"]
+           "to_hf_config", "vision_inputs", "pad_vision_inputs", "rope_index", "prepare", "forward",
+           "create", "abstract_model", "images_to_inputs"]
