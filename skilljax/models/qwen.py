@@ -709,16 +709,18 @@ def sequence_logits(model: Qwen, tokens_BT: jax.Array, mask_BT: jax.Array) -> ja
 forward = nnx.jit(sequence_logits)
 
 
-def abstract_model(cfg: QwenConfig, layout: shd.Layout | None = None) -> Qwen:
-    """The model with ShapeDtypeStruct leaves: shapes and metadata, no memory."""
-    return nnx.eval_shape(lambda: Qwen(cfg, layout, rngs=nnx.Rngs(0)))
+def abstract_model(cfg: QwenConfig, layout: shd.Layout | None = None, model_cls=None) -> Qwen:
+    """The model with ShapeDtypeStruct leaves: shapes and metadata, no memory. `model_cls`: a
+    subclass of Qwen to build instead (qwen_vl.QwenVL)."""
+    return nnx.eval_shape(lambda: (model_cls or Qwen)(cfg, layout, rngs=nnx.Rngs(0)))
 
 
-def create(cfg: QwenConfig, layout: shd.Layout | None = None, seed: int = 0) -> Qwen:
+def create(cfg: QwenConfig, layout: shd.Layout | None = None, seed: int = 0,
+           model_cls=None) -> Qwen:
     """A randomly initialised model whose parameters are born sharded (never whole on one device)."""
-    graphdef, abstract_state = nnx.split(abstract_model(cfg, layout))
+    graphdef, abstract_state = nnx.split(abstract_model(cfg, layout, model_cls))
     out_shardings = None if layout is None else shd.state_shardings(abstract_state, layout)
-    init = jax.jit(lambda: nnx.state(Qwen(cfg, layout, rngs=nnx.Rngs(seed))),
+    init = jax.jit(lambda: nnx.state((model_cls or Qwen)(cfg, layout, rngs=nnx.Rngs(seed))),
                    out_shardings=out_shardings)
     return nnx.merge(graphdef, init())
 

@@ -478,16 +478,12 @@ forward = nnx.jit(sequence_logits)
 
 
 def abstract_model(cfg: QwenVLConfig, layout: shd.Layout | None = None) -> QwenVL:
-    return nnx.eval_shape(lambda: QwenVL(cfg, layout, rngs=nnx.Rngs(0)))
+    return qwen.abstract_model(cfg, layout, QwenVL)
 
 
 def create(cfg: QwenVLConfig, layout: shd.Layout | None = None, seed: int = 0) -> QwenVL:
     """A randomly initialised model whose parameters are born sharded."""
-    graphdef, abstract_state = nnx.split(abstract_model(cfg, layout))
-    out_shardings = None if layout is None else shd.state_shardings(abstract_state, layout)
-    init = jax.jit(lambda: nnx.state(QwenVL(cfg, layout, rngs=nnx.Rngs(seed))),
-                   out_shardings=out_shardings)
-    return nnx.merge(graphdef, init())
+    return qwen.create(cfg, layout, seed, QwenVL)
 
 
 def images_to_inputs(cfg: QwenVLConfig, images: Sequence, **preprocess_kw
