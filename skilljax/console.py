@@ -73,6 +73,42 @@ def warning(msg: str, *args) -> None:
     logger.warning(msg, *args)
 
 
+def step_line(step: int, steps: int, m: dict, active: int) -> str:
+    """The trainer's line for one RL step, from its metrics (validation, SkillForge's bank and
+    SAGE's chains where the step has them)."""
+    line = (f"step {step}/{steps}: success {m['success_rate']:.3f} invalid {m['invalid_rate']:.3f}"
+            f" skills {active} episodes {m['episodes_local']}/{m['episodes']} "
+            f"({m['step_s']:.1f}s)" + val_line(m))
+    if "bank_size" in m:
+        line += f" bank {m['bank_size']} calls/episode {m['skill_calls']:.2f}"
+    if "sgc" in m:
+        line += (f" sgc {m['sgc']:.3f} library {m['library_size']:.2f} skill use "
+                 f"{m['skill_use_rate']:.2f}")
+    return line
+
+
+def val_line(m: dict) -> str:
+    """Validation success of a curriculum update: without skills, with the active files, all."""
+    if "val_without_skills" not in m:
+        return ""
+    parts = [f" val without {m['val_without_skills']:.2f}"]
+    if "val_with_skills" in m:
+        parts.append(f"active {m['val_with_skills']:.2f}")
+    if "val_full_skills" in m:
+        parts.append(f"all files {m['val_full_skills']:.2f}")
+    return " ".join(parts)
+
+
+def eval_line(phase: str, block: dict) -> str:
+    """An evaluation's success (and SGC for scenarios) and prompt tokens, with and without skills."""
+    w, wo = block["with_skills"], block["without_skills"]
+    sgc = lambda b: (f", SGC {b['scenario_success_rate']:.3f}" if "scenario_success_rate" in b
+                     else "")
+    return (f"eval {phase}: with skills {w['success_rate']:.3f}{sgc(w)} "
+            f"({w['tokens_per_step']:.0f} tok/step), without {wo['success_rate']:.3f}{sgc(wo)} "
+            f"({wo['tokens_per_step']:.0f} tok/step)")
+
+
 def bar(total: int, desc: str, *, initial: int = 0, unit: str = "step") -> tqdm:
     """A progress bar (a disabled one when bars are off); use as a context manager."""
     on = _state["progress"] == "on" or (_state["progress"] == "auto" and sys.stderr.isatty())

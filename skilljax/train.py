@@ -142,7 +142,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     if "initial" not in state.eval:
         t0 = time.time()
         state.eval["initial"] = evaluate_run(run, full, keys("eval", 0), catalog=catalog())
-        _print_eval("initial", state.eval["initial"])
+        console.info(console.eval_line("initial", state.eval["initial"]))
         add_time("eval", time.time() - t0)
         save(0)
 
@@ -151,7 +151,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             and not curriculum.history:  # `skills.validate_at_start`: the released step-0 update
         m = curriculum_update(run, curriculum, 0, keys("validation", 0))
         metrics.write(0, dict(m, optimizer_steps=0, episodes=0, episodes_local=0))
-        console.info("step 0:" + _val_line(m))
+        console.info("step 0:" + console.val_line(m))
         save(0)
     rcfg, adv_cfg = run.rollout_config(evaluation=False), advantage_config(c)
     success_reward = envs_base.env_class(c.env.name).success_reward
@@ -234,13 +234,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                 add_time("evolution", time.time() - t0)
             m.update(evolver.metrics())
         metrics.write(step, m)
-        console.info(f"step {step}/{c.rl.steps}: success {m['success_rate']:.3f} "
-                     f"invalid {m['invalid_rate']:.3f} skills {len(active)} episodes "
-                     f"{m['episodes_local']}/{m['episodes']} ({m['step_s']:.1f}s)" + _val_line(m)
-                     + (f" bank {m['bank_size']} calls/episode {m['skill_calls']:.2f}"
-                        if evolver is not None else "")
-                     + (f" sgc {m['sgc']:.3f} library {m['library_size']:.2f} skill use "
-                        f"{m['skill_use_rate']:.2f}" if scenarios is not None else ""))
+        console.info(console.step_line(step, c.rl.steps, m, len(active)))
         progress.set_postfix(success=f"{m['success_rate']:.2f}", refresh=False)
         progress.update()
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
@@ -254,7 +248,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     if "final" not in state.eval:
         t0 = time.time()
         state.eval["final"] = evaluate_run(run, full, keys("eval", 1), catalog=catalog())
-        _print_eval("final", state.eval["final"])
+        console.info(console.eval_line("final", state.eval["final"]))
         add_time("eval", time.time() - t0)
         save(c.rl.steps)
     ckpt.close()
@@ -316,26 +310,6 @@ def curriculum_update(run: Run, curriculum: Curriculum, step: int, rng) -> dict:
     if "val_full_skills" in m:
         curriculum.history[-1]["full_skills_success"] = m["val_full_skills"]
     return m
-
-
-def _val_line(m: dict) -> str:
-    if "val_without_skills" not in m:
-        return ""
-    parts = [f" val without {m['val_without_skills']:.2f}"]
-    if "val_with_skills" in m:
-        parts.append(f"active {m['val_with_skills']:.2f}")
-    if "val_full_skills" in m:
-        parts.append(f"all files {m['val_full_skills']:.2f}")
-    return " ".join(parts)
-
-
-def _print_eval(phase: str, block: dict) -> None:
-    w, wo = block["with_skills"], block["without_skills"]
-    sgc = lambda b: (f", SGC {b['scenario_success_rate']:.3f}" if "scenario_success_rate" in b
-                     else "")
-    console.info(f"eval {phase}: with skills {w['success_rate']:.3f}{sgc(w)} "
-                 f"({w['tokens_per_step']:.0f} tok/step), without {wo['success_rate']:.3f}"
-                 f"{sgc(wo)} ({wo['tokens_per_step']:.0f} tok/step)")
 
 
 def main(argv=None) -> None:

@@ -43,3 +43,18 @@ def test_module_loggers_write_through_the_console(capsys):
     console.setup("off")
     logging.getLogger("skilljax.skills.evolver").info("induced 2 skills")
     assert re.search(r"^I\d{4} .* p0\] induced 2 skills$", capsys.readouterr().out, re.M)
+
+
+def test_step_and_eval_lines():
+    m = dict(success_rate=0.375, invalid_rate=0.031, episodes_local=24, episodes=48, step_s=12.34,
+             val_without_skills=0.5, val_with_skills=0.75)
+    assert console.step_line(12, 180, m, 6) == ("step 12/180: success 0.375 invalid 0.031 skills 6 "
+                                                "episodes 24/48 (12.3s) val without 0.50 active 0.75")
+    m.update(bank_size=7, skill_calls=1.5, sgc=0.25, library_size=0.5, skill_use_rate=1.0)
+    assert console.step_line(1, 2, m, 0).endswith(
+        " bank 7 calls/episode 1.50 sgc 0.250 library 0.50 skill use 1.00")
+    block = {"with_skills": dict(success_rate=0.8, tokens_per_step=120.4,
+                                 scenario_success_rate=0.55),
+             "without_skills": dict(success_rate=0.5, tokens_per_step=60)}
+    assert console.eval_line("final", block) == ("eval final: with skills 0.800, SGC 0.550 "
+                                                 "(120 tok/step), without 0.500 (60 tok/step)")
