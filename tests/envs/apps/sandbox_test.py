@@ -160,7 +160,14 @@ def test_cell_that_swallows_the_limit_or_is_stuck_in_c_is_killed(sb):
     assert sb.restarts == 2
 
 
-def test_memory_bombs(sb):
+def test_memory_bombs(scratch):
+    # CPU and wall limits far above what 256 one-MB allocations take, so the memory cap is what
+    # stops the hog even on a loaded machine (with 1 s of CPU a busy CI machine hit that first).
+    with Sandbox(scratch, limits=Limits(cpu_s=20, wall_s=40, memory_mb=256)) as sb:
+        _memory_bombs(sb)
+
+
+def _memory_bombs(sb):
     sb.run("x = 'kept'")
     r = sb.run("x2 = bytearray(10**10)")
     assert r.error == "MemoryError" and not r.restarted
