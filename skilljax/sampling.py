@@ -285,11 +285,6 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, kno
     return st.cache, st.tokens_BN, st.logp_BN, st.sampling_logp_BN, st.length_B, st.stopped_B
 
 
-def _abstract_model(cfg: qwen.QwenConfig, layout: shd.Layout | None):
-    module = qwen_vl if isinstance(cfg, qwen_vl.QwenVLConfig) else qwen
-    return module.abstract_model(cfg, layout)
-
-
 # One prompt's images: pixel values [patches, C·T·P·P] and grid_thw [images, 3], or None.
 PromptImages = tuple[np.ndarray, np.ndarray] | None
 
@@ -332,7 +327,7 @@ class Sampler:
         self.cfg = cfg.replace(lora_rank=0, param_dtype=cfg.dtype, scan_layers=True)
         self._converts = (cfg.lora_rank > 0 or cfg.param_dtype != cfg.dtype
                           or self.layout != model.layout)  # (scanning needs no conversion)
-        self.graphdef, abstract = nnx.split(_abstract_model(self.cfg, self.layout))
+        self.graphdef, abstract = nnx.split(qwen_vl.abstract_model_of(self.cfg, self.layout))
         if self._converts:
             shardings = (None if self.layout is None
                          else shd.state_shardings(abstract, self.layout).to_pure_dict())
@@ -599,7 +594,7 @@ class Sampler:
             sharding = None if self.layout is None else self.layout.sharding(shape, axes)
             return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-        _, abstract = nnx.split(_abstract_model(self.cfg, self.layout))
+        _, abstract = nnx.split(qwen_vl.abstract_model_of(self.cfg, self.layout))
         state = shd.abstract_state(abstract, self.layout).to_pure_dict()
         cache_shape = (self.cfg.num_layers, b, self.cfg.num_kv_heads, p + n, self.cfg.head_dim)
         cache_dtype = self.cache_dtype or qwen.DTYPES[self.cfg.dtype]

@@ -235,11 +235,6 @@ def read_config(path: str | os.PathLike, **overrides) -> qwen.QwenConfig:
     return qwen.from_hf_config(hf, **overrides)
 
 
-def _abstract_model(cfg: qwen.QwenConfig, layout: shd.Layout | None):
-    if isinstance(cfg, qwen_vl.QwenVLConfig):
-        return qwen_vl.abstract_model(cfg, layout)
-    return qwen.abstract_model(cfg, layout)
-
 
 def _flat(state) -> Iterator[tuple[str, nnx.Variable]]:
     for keys, var in state.flat_state():
@@ -266,7 +261,7 @@ def load(path: str | os.PathLike, layout: shd.Layout | None = None, *, seed: int
     """
     cfg = read_config(path, **overrides)
     tensors = checkpoint_tensors(path)
-    graphdef, state = nnx.split(_abstract_model(cfg, layout))
+    graphdef, state = nnx.split(qwen_vl.abstract_model_of(cfg, layout))
     variables = {p: v for p, v in _flat(state) if not isinstance(v, qwen.LoRAParam)}
     targets = {name: (shape, p, i) for p, v in variables.items()
                for name, shape, i in _per_layer(p, tuple(v.shape))}

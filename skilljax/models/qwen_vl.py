@@ -481,6 +481,13 @@ def abstract_model(cfg: QwenVLConfig, layout: shd.Layout | None = None) -> QwenV
     return qwen.abstract_model(cfg, layout, QwenVL)
 
 
+def abstract_model_of(cfg: QwenConfig, layout: shd.Layout | None = None) -> qwen.Qwen:
+    """The abstract model a config describes: a QwenVL for a QwenVLConfig, else a text Qwen."""
+    if isinstance(cfg, QwenVLConfig):
+        return abstract_model(cfg, layout)
+    return qwen.abstract_model(cfg, layout)
+
+
 def create(cfg: QwenVLConfig, layout: shd.Layout | None = None, seed: int = 0) -> QwenVL:
     """A randomly initialised model whose parameters are born sharded."""
     return qwen.create(cfg, layout, seed, QwenVL)
