@@ -1,4 +1,6 @@
 
+import time
+
 import numpy as np
 import pytest
 
@@ -67,7 +69,13 @@ def test_wandb_offline_run_per_workdir(tmp_path, monkeypatch):
     run_id = (tmp_path / "wandb_run_id").read_text()
     runs = list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 1
-    data = next(runs[0].glob("*.wandb")).read_bytes()
+    # W&B's service process writes the run file; on a loaded machine its records can land a
+    # moment after finish() returns (CI once read only the 7-byte header), so wait for them.
+    log = next(runs[0].glob("*.wandb"))
+    deadline = time.monotonic() + 60
+    while b"0.625" not in log.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    data = log.read_bytes()
     assert b"loss_probe" in data and b"0.625" in data
     w = MetricsWriter(tmp_path, tensorboard=False, wandb_project="skilljax-test",
                       wandb_mode="offline", resume_step=2)
