@@ -11,9 +11,16 @@ steps), temperature 1.0 in training and 0.4 (sampled) in validation, invalid-act
 token-mean loss, no KL, entropy 0.001, AdamW weight decay 0.01, one optimiser step per 256 step
 samples (`ppo_mini_batch_size`), old logprobs recomputed by the learner, validation on
 `valid_seen`, 50 steps per episode with the whole episode as history,
-`<think>`/`<action>` responses ≤ 512 tokens. The released default renders the history as an image
-for a VL model; we run the text path (prompts ≤ 5120 tokens, as the released text scripts), so use
-the text-only Instruct checkpoints.
+`<think>`/`<action>` responses ≤ 512 tokens. Two paths:
+- text (the default): the history as text, prompts ≤ 5120 tokens as the released text scripts;
+  use the text-only Instruct checkpoints.
+- `visual` (the released SKILL0 default): the history as an image (392 px wide, DejaVu Sans Mono
+  10, `[Observation]` blue / `[Action]` red) for a Qwen2.5-VL-3B/7B-Instruct checkpoint, prompts
+  ≤ 3072 tokens, the agent's `<compression>` factor for each next image and the reward
+  0.01 · ln(cf) on successful trajectories every 8th step (§5, §7.1):
+
+      python -m skilljax.train --config configs/alfworld_skill0.py:checkpoint=/models/Qwen2.5-VL-7B-Instruct,visual \
+          --workdir /runs/alfworld_vl_7b --config.mesh=fsdp=8
 
 Games: your ALFWorld data when `$ALFWORLD_DATA` is set (`alfworld-download`'s layout), otherwise
 games synthesized offline from the `alfworld` package (`pip install -e .[envs]`); evaluation on
@@ -21,7 +28,8 @@ games synthesized offline from the `alfworld` package (`pip install -e .[envs]`)
 distribution).
 
 Arguments: `checkpoint` (HF directory with the model and tokenizer.json; required unless
-`runlocal`), `seed`, `variant` (VARIANTS: the paper's ablations), `eval_split`, `runlocal`.
+`runlocal`), `seed`, `variant` (VARIANTS: the paper's ablations), `eval_split`, `visual`,
+`runlocal` (with `visual`: a tiny random Qwen2.5-VL policy).
 Hardware: the released runs used 4 GPUs (80 GB); on TPU use an fsdp mesh over the slice.
 """
 
@@ -32,7 +40,7 @@ VARIANTS = skill0_variants(6)  # five task-family files + general skills
 
 def get_config(arg=None):
     arg = parse_arg(arg, seed=0, checkpoint="", eval_split="valid_seen", runlocal=False,
-                    variant="curriculum")
+                    variant="curriculum", visual=False)
     if not arg.checkpoint and not arg.runlocal:
         raise ValueError("configs/alfworld_skill0.py needs checkpoint=<HF directory of "
                          "Qwen2.5-3B/7B-Instruct> (weights are never downloaded), or runlocal.")
@@ -46,6 +54,9 @@ def get_config(arg=None):
                     val_tasks_per_type=22,  # ≈ the released 128 validation games
                     val_split="valid_seen")
     apply_variant(c, VARIANTS, arg.variant)
+    if arg.visual:  # the released visual run: history image, agent-chosen compression
+        c.visual.enabled = True
+        c.prompt.max_prompt_tokens = 3072
 
     if arg.runlocal:  # the same pipeline, a tiny random policy, a handful of synthesized games
         c.env.update(workers=2, train_tasks=6, kwargs={"max_steps": 4})
@@ -62,6 +73,11 @@ def get_config(arg=None):
         c.eval.tasks = 3
         c.checkpoint.every = 1
         c.metrics.tensorboard = False
+        if arg.visual:  # the "tiny" decoder with a 2-block tower; small images
+            c.model.checkpoint = "tiny_vl"
+            c.model.overrides.update(embed_dim=None, mlp_dim=None, num_heads=None,
+                                     head_dim=None, num_layers=1)
+            c.visual.max_pixels = 28 * 28 * 64
     return c
 
 

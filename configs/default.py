@@ -25,8 +25,10 @@ A tiny Qwen-architecture policy is trained from scratch on a laptop CPU:
    run without skill text (docs/results.md), so the last stage needs that length;
 4. evaluation on held-out task combinations with and without skills.
 
-Arguments (`:a=b,...`): `seed`, `runlocal` (a two-minute end-to-end smoke run), and `variant`
-(one of VARIANTS, the SKILL0 paper's Table 2 / Figure 7 ablations). `sweep()` runs every variant
+Arguments (`:a=b,...`): `seed`, `runlocal` (a two-minute end-to-end smoke run), `variant`
+(one of VARIANTS, the SKILL0 paper's Table 2 / Figure 7 ablations), and `visual` (SKILL0's visual
+context on a tiny random Qwen2.5-VL policy: the last two steps as an image, with the agent's
+compression factor). `sweep()` runs every variant
 for three seeds: `python launch/sweep.py configs/default.py`.
 Hardware: 2 CPU cores. Expected time and results: docs/results.md.
 """
@@ -37,7 +39,7 @@ VARIANTS = skill0_variants(6)  # six chores skill files: [6, 6, 6] and [3, 3, 3]
 
 
 def get_config(arg=None):
-    arg = parse_arg(arg, seed=0, runlocal=False, variant="curriculum")
+    arg = parse_arg(arg, seed=0, runlocal=False, variant="curriculum", visual=False)
     c = base_config()
     c.seed = arg.seed
 
@@ -88,6 +90,12 @@ def get_config(arg=None):
         c.eval.tasks = 6
         c.checkpoint.every = 2
         c.metrics.tensorboard = False
+    if arg.visual:  # the "tiny" decoder with a 2-block vision tower
+        c.visual.enabled = True
+        c.model.checkpoint = "tiny_vl"
+        c.model.overrides.update(embed_dim=None, mlp_dim=None, num_heads=None, head_dim=None)
+        c.prompt.history_length = 2
+        c.visual.max_pixels = 28 * 28 * 64
     return c
 
 

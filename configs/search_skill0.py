@@ -12,8 +12,15 @@ loss, no KL, entropy 0.001, AdamW weight decay 0.01, one optimiser step per 512 
 (`ppo_mini_batch_size`), old logprobs recomputed by the learner, validation questions drawn from
 the test questions (as the released `val_1000`, so every question type's skill file is scored),
 at most 4 turns with the last 4 turns in the prompt, prompts ≤ 4096 and responses ≤ 512 tokens,
-BM25 top-3 retrieval. We run the text path (the released default renders history to images for a
-VL model; that path is not built yet), so use the text-only Instruct checkpoints.
+BM25 top-3 retrieval. Two paths:
+- text (the default): the history as text; use the text-only Instruct checkpoints.
+- `visual` (the released SKILL0 default): the history as an image (560 px wide, DejaVu Sans Mono
+  12, `<search>` blue / `<information>` red) for a Qwen2.5-VL-3B/7B-Instruct checkpoint, the
+  agent's `<compression>` factor for each next image (1.0 on answers) and the reward
+  0.01 · ln(cf) on successful trajectories every 8th step (§5, §7.2):
+
+      python -m skilljax.train --config configs/search_skill0.py:checkpoint=/models/Qwen2.5-VL-3B-Instruct,visual \
+          --workdir /runs/search_vl_3b --config.mesh=fsdp=4
 
 Retrieval at paper scale (the released setup, as Search-R1's: one retrieval server, E5 over
 wiki-18, top 3): build the index once from your corpus, then pass `index=`; the trainer starts one
@@ -29,7 +36,7 @@ Arguments: `checkpoint` (an HF directory with the model and its tokenizer.json; 
 `runlocal`), `seed`, `variant` (the paper's ablations, VARIANTS), `data_dir` (your Search-R1-style
 data; default: the generated offline corpus), `index` (an index directory: retrieval through a
 service the trainer runs), `service_url` (a service you run), `runlocal` (tiny random policy, a
-minute on a CPU). Without `index` or `service_url`, each env worker runs BM25 in-process (right
+minute on a CPU), `visual`. Without `index` or `service_url`, each env worker runs BM25 in-process (right
 for the generated corpus and small ones).
 Hardware: the released runs used 4 GPUs (80 GB); on TPU use an fsdp mesh over the slice.
 """
@@ -41,7 +48,7 @@ VARIANTS = skill0_variants(5)  # four question-type files + general skills
 
 def get_config(arg=None):
     arg = parse_arg(arg, seed=0, checkpoint="", data_dir="", index="", service_url="",
-                    runlocal=False, variant="curriculum")
+                    runlocal=False, variant="curriculum", visual=False)
     if not arg.checkpoint and not arg.runlocal:
         raise ValueError("configs/search_skill0.py needs checkpoint=<HF directory of "
                          "Qwen2.5-3B/7B-Instruct> (weights are never downloaded), or runlocal.")
@@ -62,6 +69,7 @@ def get_config(arg=None):
                     val_tasks_per_type=128, val_split="test")
     c.eval.tasks = 512
     apply_variant(c, VARIANTS, arg.variant)
+    c.visual.enabled = arg.visual  # the env's released renderer setting (560 px, font 12)
 
     if arg.runlocal:  # the same pipeline with a tiny random policy and its own small tokenizer
         c.env.workers, c.env.train_tasks = 2, 16
@@ -78,6 +86,11 @@ def get_config(arg=None):
         c.eval.tasks = 4
         c.checkpoint.every = 1
         c.metrics.tensorboard = False
+        if arg.visual:  # the "tiny" decoder with a 2-block tower; small images
+            c.model.checkpoint = "tiny_vl"
+            c.model.overrides.update(embed_dim=None, mlp_dim=None, num_heads=None,
+                                     head_dim=None, num_layers=1)
+            c.visual.max_pixels = 28 * 28 * 64
     return c
 
 

@@ -209,6 +209,21 @@ def base_config() -> ml_collections.ConfigDict:
         reward=True,                  # the skill-integrated reward (off: the env reward only)
         validate=True,                # re-run functions in a fresh sandbox before they join
     )
+    c.visual = dict(                  # SKILL0's visual context (Qwen2.5-VL policies)
+        enabled=False,                # the history as an image in each prompt, not as text
+        width=0,                      # image width in px; 0 = the env's (ALFWorld 392, Search 560)
+        font_size=0,                  # 0 = the env's (ALFWorld 10, Search 12)
+        highlights="",                # "marker:r,g,b;..." marker colours; "" = the env's
+        padding=5,                    # white border (px) after compression
+        min_pixels=3136,              # the processor's resize bounds (multiples of 28 px)
+        max_pixels=2048 * 2048,       # ... (the released path caps the area at 2048^2)
+        agent_compression=True,       # the agent picks each next image's <compression> factor
+        compression_coef=0.01,        # reward coef * ln(cf) on successful trajectories
+        compression_failure_coef=0.0,  # ... minus this * ln(cf) on failed ones
+        compression_every=8,          # the reward on every n-th RL step only
+        expert_compression=1.0,       # the factor expert warm-start responses write
+        skills_in_image=False,        # draw the skill text above the history (paper) or not (code)
+    )
     c.checkpoint = dict(
         every=10,                     # RL steps between checkpoints
         keep=3,                       # checkpoints kept

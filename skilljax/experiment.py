@@ -63,7 +63,27 @@ def rollout_config(c, *, evaluation: bool) -> RolloutConfig:
             top_k=c.eval.top_k if evaluation else c.rl.top_k),
         prompt=PromptConfig(role=c.prompt.role, history_length=c.prompt.history_length,
                             show_admissible=c.prompt.show_admissible,
-                            max_prompt_tokens=c.prompt.max_prompt_tokens))
+                            max_prompt_tokens=c.prompt.max_prompt_tokens),
+        visual=visual_config(c))
+
+
+def visual_config(c):
+    """`visual` (SKILL0's history image): None unless `visual.enabled`; width, font size and
+    marker colours default to the env's released setting."""
+    from skilljax.rl.visual import VisualConfig, parse_highlights
+    v = c.visual
+    if not v.enabled:
+        return None
+    kw = dict(padding=v.padding, min_pixels=v.min_pixels, max_pixels=v.max_pixels,
+              agent_compression=v.agent_compression, expert_compression=v.expert_compression,
+              skills_in_image=v.skills_in_image)
+    if v.width:
+        kw["width"] = v.width
+    if v.font_size:
+        kw["font_size"] = v.font_size
+    if v.highlights:
+        kw["highlights"] = parse_highlights(v.highlights)
+    return VisualConfig.for_env(c.env.name, **kw)
 
 
 def learner_config(c) -> learner_lib.LearnerConfig:
@@ -225,10 +245,25 @@ def build_model(c, tok: Tokenizer, mesh=None):
     overrides = model_overrides(c)
     if not Path(c.model.checkpoint).is_dir():
         overrides.setdefault("vocab_size", tok.vocab_size)
+        if c.model.checkpoint in models.qwen_vl.PRESETS:  # a random VL policy: the run's ids
+            from skilljax.rl.visual import vision_ids
+            start, pad, end = vision_ids(tok)
+            overrides.update(image_token_id=pad, vision_start_token_id=start,
+                             vision_end_token_id=end, video_token_id=pad)
     _, model = models.load(c.model.checkpoint, mesh, c.model.dtype, seed=c.seed, **overrides)
     if model.cfg.vocab_size < tok.vocab_size:
         raise ValueError(f"The model's vocabulary ({model.cfg.vocab_size}) is smaller than the "
                          f"tokenizer's ({tok.vocab_size}); they do not belong together.")
+    visual = visual_config(c)
+    if visual is not None:
+        from skilljax.rl.visual import vision_ids
+        visual.check_model(model.cfg)
+        want = (model.cfg.vision_start_token_id, model.cfg.image_token_id,
+                model.cfg.vision_end_token_id)
+        if vision_ids(tok) != want:
+            raise ValueError(f"The tokenizer's vision tokens (start, image pad, end) are "
+                             f"{vision_ids(tok)}, the model's config says {want}; use the "
+                             "checkpoint's own tokenizer.")
     return model
 
 
@@ -238,6 +273,7 @@ def tokenizer_corpus(pool: EnvPool, tasks, bank: SkillBank | None, fmt, cfg: Rol
     with SkillForge (`c.evolution.enabled`), episodes with skill catalogs and calls too; with
     SAGE's warm start (`c.sft.chains`), expert chains that call their library's functions."""
     probe = Tokenizer.train(["a"], vocab_size=300)  # byte-level, only to render prompts
+    cfg = dataclasses.replace(cfg, visual=None)  # the text prompts (an image is no text)
     if c is not None and c.sft.chains:
         scenarios = scenarios_of(tasks)
         res, _ = chain_rollout(None, probe, pool, scenarios, dataclasses.replace(
@@ -277,7 +313,9 @@ def _tokenizer(c, workdir: Path, pool, bank, fmt, train_tasks, *, train: bool) -
             corpus_tasks += cls.make_tasks("train", c.tokenizer.corpus_tasks // 4, seed=c.seed, **o)
         corpus = tokenizer_corpus(pool, corpus_tasks, bank, fmt, rollout_config(c, evaluation=True),
                                   c)
-        tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size)
+        from skilljax.rl.visual import VISION_SPECIALS
+        tok = Tokenizer.train(corpus, vocab_size=c.tokenizer.vocab_size,
+                              specials=VISION_SPECIALS if c.visual.enabled else ())
     else:
         raise FileNotFoundError(f"No tokenizer in {tok_dir}: is {workdir} a training workdir?")
     if distributed.is_main():

@@ -152,6 +152,8 @@ def write_all(workdir) -> list:
     save(fig, "skills.png")
 
     parts = ("skill", "history", "observation", "template")
+    if any(r.get("tokens_image") for r in rows):  # SKILL0's visual context: image-pad tokens
+        parts += ("image",)
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.stackplot(steps, *[[r.get(f"tokens_{p}", 0) for r in rows] for p in parts], labels=parts)
     ax.set(xlabel="RL step", ylabel="prompt tokens per env step")

@@ -106,12 +106,16 @@ def bucket_length(n: int, minimum: int = 16) -> int:
     return -(-n // 512) * 512
 
 
+MAX_BANNED = 4
+
+
 class _Knobs(NamedTuple):
     temperature: jax.Array
     top_p: jax.Array
     top_k: jax.Array
     stop_ids: jax.Array
     max_new: jax.Array
+    banned: jax.Array  # [MAX_BANNED] ids never sampled (-1: none), e.g. a VL model's image pads
 
 
 def _inverse_cdf(weights_BK, u_B):
@@ -157,7 +161,8 @@ def _top_p_threshold(z_BV, top_p, iters: int = 40):
         ok = jnp.sum(jnp.where(z_BV >= mid[:, None], probs_BV, 0.0), axis=-1) >= top_p
         return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-    lo, _ = jax.lax.fori_loop(0, iters, body, (jnp.min(z_BV, -1), jnp.max(z_BV, -1) + 1e-6))
+    lowest_B = jnp.min(jnp.where(jnp.isfinite(z_BV), z_BV, jnp.inf), -1)  # banned ids: -inf
+    lo, _ = jax.lax.fori_loop(0, iters, body, (lowest_B, jnp.max(z_BV, -1) + 1e-6))
     return lo
 
 
@@ -171,7 +176,11 @@ def _sample(logits_BV, keys_B, knobs: _Knobs, max_top_k: int):
     """
     b, vocab = logits_BV.shape
     t = jnp.where(knobs.temperature > 0, knobs.temperature, 1.0)
-    z_BV = logits_BV / t
+    # Banned ids (a VL model's vision tokens) are never drawn; the policy logprob stays that of
+    # the model's whole distribution, as the learner computes it.
+    banned_V = jnp.any(jnp.arange(vocab)[:, None] == knobs.banned[None, :], axis=-1)
+    allowed_BV = jnp.where(banned_V[None], -jnp.inf, logits_BV)
+    z_BV = allowed_BV / t
     u_B = jax.vmap(jax.random.uniform)(keys_B)
 
     def with_top_k():
@@ -198,7 +207,7 @@ def _sample(logits_BV, keys_B, knobs: _Knobs, max_top_k: int):
         return jax.lax.cond(knobs.top_k > 0, with_top_k, over_vocab)
 
     def greedy():  # the sampling distribution is a point mass: log-probability 0
-        return jnp.argmax(logits_BV, axis=-1), jnp.zeros((b,), z_BV.dtype)
+        return jnp.argmax(allowed_BV, axis=-1), jnp.zeros((b,), z_BV.dtype)
 
     # Only the branch in use runs: greedy evaluation skips the sampling work entirely.
     token_B, sampling_logp_B = jax.lax.cond(knobs.temperature <= 0, greedy, sampled)
@@ -314,6 +323,12 @@ class Sampler:
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}.")
         self.vl = isinstance(model.cfg, qwen_vl.QwenVLConfig)
+        # A VL policy never writes vision tokens: an image-pad id in a response would be read as
+        # an image slot when the learner rebuilds the sequence.
+        banned = ([model.cfg.image_token_id, model.cfg.video_token_id,
+                   model.cfg.vision_start_token_id, model.cfg.vision_end_token_id]
+                  if self.vl else [])
+        self.banned_ids = np.array(banned + [-1] * (MAX_BANNED - len(banned)), np.int32)
         if self.vl and pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image-pad token id.")
         self.image_kw = dict(image_kw or {})  # vl_image.preprocess keywords for PIL images
@@ -547,7 +562,8 @@ class Sampler:
         stop = np.full(MAX_STOP_IDS, -1, np.int32)
         stop[:len(params.stop_token_ids)] = params.stop_token_ids
         knobs = _Knobs(jnp.float32(params.temperature), jnp.float32(params.top_p),
-                       jnp.int32(params.top_k), jnp.asarray(stop), jnp.int32(params.max_new_tokens))
+                       jnp.int32(params.top_k), jnp.asarray(stop), jnp.int32(params.max_new_tokens),
+                       jnp.asarray(self.banned_ids))
         tokens_d = self._put(tokens, ("batch", "seq"))
         mask_d = self._put(mask, ("batch", "seq"))
         real_d = self._put(np.arange(b) < len(token_ids), ("batch",))
@@ -603,7 +619,8 @@ class Sampler:
         key_words = jax.random.key_data(jax.random.key(0)).shape[-1]
         scalar = lambda d: jax.ShapeDtypeStruct((), d)
         knobs = _Knobs(scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32),
-                       jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32), scalar(jnp.int32))
+                       jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32), scalar(jnp.int32),
+                       jax.ShapeDtypeStruct((MAX_BANNED,), jnp.int32))
         prefill = self._prefill.lower(self.graphdef, state, cache, tokens, mask)
         decode = self._decode.lower(
             self.graphdef, state, cache, arr((b, self.cfg.vocab_size), jnp.float32, ("batch", "act_vocab")),

@@ -99,8 +99,10 @@ class Tokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2,
-              extra_tokens: Sequence[str] = AGENT_TAGS) -> Tokenizer:
-        """Byte-level BPE (as Qwen's) with the ChatML specials at ids 0, 1, 2."""
+              extra_tokens: Sequence[str] = AGENT_TAGS, specials: Sequence[str] = ()
+              ) -> Tokenizer:
+        """Byte-level BPE (as Qwen's) with the ChatML specials at ids 0, 1, 2; `specials` are
+        added after the vocabulary (e.g. Qwen2.5-VL's vision tokens for a visual run)."""
         tok = tokenizers.Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
@@ -111,6 +113,9 @@ class Tokenizer:
         if extra_tokens:
             tok.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False)
                             for t in extra_tokens])
+        if specials:
+            tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                                    for t in specials])
         return cls(tok)
 
     def save(self, path: str | os.PathLike):

@@ -39,6 +39,7 @@ from skilljax.rl.chains import chain_rollout, library_validator, merge_chains, s
 from skilljax.rl.checkpoint import Checkpointer, RunState
 from skilljax.rl.rollout import merge, rollout
 from skilljax.rl.task_stream import TaskStream
+from skilljax.rl.visual import collate_kw
 from skilljax.skills.curriculum import Curriculum
 from skilljax.skills.evolver import Evolver, episodes_from
 from skilljax.skills.segmentation import SegmentationCost
@@ -194,11 +195,18 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             terms.append(rewards.chain_terms(res, chains, success_reward))
         # One advantage per step sample (`rl.advantage`: grpo / drgrpo / rloo over each task's
         # group, or gigpo), from the trajectory and step scores; see `losses.advantages`.
-        adv = losses.advantages(c.rl.advantage, rewards.step_scores(res, c.rl.invalid_penalty, terms),
-                                adv_cfg)
+        # SKILL0's visual path: coef·ln(cf) on successful trajectories, every n-th step.
+        v = c.visual
+        bonus = (rewards.compression_bonus(res, v.compression_coef, v.compression_failure_coef)
+                 if v.enabled and v.agent_compression
+                 and rewards.compression_due(step, v.compression_every) else None)
+        adv = losses.advantages(c.rl.advantage, rewards.step_scores(
+            res, c.rl.invalid_penalty, terms, step_bonus=bonus), adv_cfg)
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
         m.update(res.stats)
+        if bonus is not None:
+            m["compression_bonus"] = float(bonus.mean())
         if evolver is not None:
             m.update(m_evo)
         if run.pool.sidecars:  # e.g. the retrieval service: restarts so far (a died service)
@@ -211,7 +219,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                  budget=curriculum.budget(step) if curriculum is not None else 0)
         updates = []
         if keep:
-            batch = batch_lib.collate([res.samples[i] for i in keep], adv[keep], run.tok.pad_id)
+            trained = [res.samples[i] for i in keep]
+            batch = batch_lib.collate(trained, adv[keep], run.tok.pad_id,
+                                      **collate_kw(trained, rcfg.visual, run.model.cfg))
             distributed.check_same("the learner batch", batch.tokens_BT.shape)
             updates = learner.update(batch, keys("update", step))
             for k in ("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"):

@@ -313,3 +313,23 @@ def test_fsdp_decode_moves_no_weights():
     assert in_place["all-gather"] >= 4  # q, k, v, o, gate, up, down, embedding: in the loop body
     out = Sampler(model).generate([[1, 2, 3]] * 8, SamplingParams(max_new_tokens=4), jax.random.key(0))
     assert all(len(t) == 4 for t in out.token_ids)
+
+
+def test_banned_ids_are_never_drawn():
+    """A VL model's vision ids (`_Knobs.banned`) are never sampled, greedy or not, top-p still
+    cuts the rest, and the policy logprob stays that of the whole distribution."""
+    from skilljax.sampling import MAX_BANNED, MAX_STOP_IDS, _Knobs, _sample
+    logits = jnp.asarray([[5.0, 4.0, 1.0, 0.5, -1.0, 0.0]] * 64)  # id 0 the likeliest, banned
+    banned = jnp.asarray([0] + [-1] * (MAX_BANNED - 1), jnp.int32)
+    full = jax.nn.log_softmax(logits[0])
+    keys = jax.random.split(jax.random.key(0), 64)
+    for temperature, top_p, top_k in ((0.0, 1.0, 0), (1.0, 1.0, 0), (1.0, 0.5, 0), (1.0, 1.0, 3),
+                                      (2.0, 0.9, 0)):
+        knobs = _Knobs(jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k),
+                       jnp.full(MAX_STOP_IDS, -1, jnp.int32), jnp.int32(8), banned)
+        token, logp, _ = _sample(logits, keys, knobs, 16)
+        token = np.asarray(token)
+        assert (token != 0).all()
+        np.testing.assert_allclose(np.asarray(logp), np.asarray(full)[token], rtol=1e-6)
+        if temperature == 0.0 or top_p == 0.5:  # id 1 alone holds > half the allowed mass
+            assert (token == 1).all()

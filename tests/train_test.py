@@ -1,6 +1,7 @@
 """The trainer end to end on the runlocal config: outputs, resume, evaluate, sweep listing."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -532,3 +533,57 @@ def test_sage_runlocal_plays_chains_and_evaluates_scenarios(name, tmp_path):
             set(final[mode])
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["sage"]["enabled"] and config["prompt"]["format"] == "code"
+
+
+def test_visual_runlocal(tmp_path):
+    """SKILL0's visual context end to end (configs/default.py:runlocal,visual): a tiny random
+    Qwen2.5-VL policy, the history as an image, the agent's compression factor and its reward,
+    warm start, RL updates through the vision tower, evaluation and a resume."""
+    args = ("--config", CONFIG + ":runlocal,visual", "--workdir", tmp_path,
+            "--config.visual.compression_every=2", "--config.rl.steps=2")
+    run_module("skilljax.train", *args)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["visual"]["enabled"] and config["model"]["checkpoint"] == "tiny_vl"
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert all(r["tokens_image"] > 2 and r["tokens_history"] == 0 for r in steps)
+    assert all(1.0 <= r["compression_mean"] <= 5.0 for r in steps)
+    assert [("compression_bonus" in r) for r in steps] == [False, True]  # every 2nd step
+    assert all(r["optimizer_steps"] >= 1 and math.isfinite(r["loss"]) for r in steps)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval"]["final"]["with_skills"]["tokens_per_step"] > 0
+    tok = Tokenizer.load(tmp_path / "tokenizer")
+    from skilljax.rl.visual import vision_ids
+    assert len(set(vision_ids(tok))) == 3
+    # Resumed with two more steps: it goes on from the last checkpoint.
+    run_module("skilljax.train", *args[:-1], "--config.rl.steps=3")
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["step"] > 0] == [1, 2, 3]
+
+
+def test_visual_paper_configs():
+    """The released visual settings of both SKILL0 configs (`:visual`)."""
+    for name, width, size, markers, max_prompt in (
+            ("alfworld_skill0.py", 392, 10, ("[Observation]", "[Action]"), 3072),
+            ("search_skill0.py", 560, 12, ("<search>", "</search>", "<information>",
+                                           "</information>"), 4096)):
+        c = config_lib.load_config(str(ROOT / "configs" / name) + ":checkpoint=/models/vl,visual")
+        v = experiment.rollout_config(c, evaluation=False).visual
+        assert (v.width, v.font_size, tuple(m for m, _ in v.highlights)) == (width, size, markers)
+        assert (v.padding, v.agent_compression, c.prompt.max_prompt_tokens) == (5, True, max_prompt)
+        assert (c.visual.compression_coef, c.visual.compression_every) == (0.01, 8)
+        text = config_lib.load_config(str(ROOT / "configs" / name) + ":checkpoint=/models/vl")
+        assert experiment.rollout_config(text, evaluation=False).visual is None
+
+
+@pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
+def test_alfworld_skill0_visual_runlocal(tmp_path):
+    """The ALFWorld config's visual runlocal (needs `alfworld`): a tiny Qwen2.5-VL policy reads
+    the history of synthesized games as 392 px images."""
+    pytest.importorskip("alfworld")
+    cfg = str(ROOT / "configs" / "alfworld_skill0.py")
+    run_module("skilljax.train", "--config", cfg + ":runlocal,visual", "--workdir", tmp_path)
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["tokens_image"] > 2 and r["tokens_history"] == 0 for r in rows if r["step"])
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["eval"]["final"]["without_skills"]["tokens_per_step"] > 0

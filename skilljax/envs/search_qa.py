@@ -65,6 +65,14 @@ class SearchAnswer:
         "with <search> query </search>; (2) only when you have enough information, give the final "
         "answer inside <answer> </answer>.")
 
+    def image_line(self, observation: str, action: str) -> str:
+        """A past step in the history image (visual context): the action in its tags, so the
+        released Search markers (`<search>` blue, `<information>` red) colour it."""
+        from skilljax.rl.rollout import history_line
+        kind, _, text = action.partition(": ")
+        return history_line(observation, f"<{kind}>{text}</{kind}>"
+                            if kind in ("search", "answer") else action)
+
     def render(self, action: str, thought: str = "") -> str:
         kind, arg = split_action(action)
         if kind is None:

@@ -34,7 +34,11 @@ def load(path_or_preset: str | os.PathLike, mesh: Mesh | None = None, dtype: str
     if name in PRESETS:
         cfg = PRESETS[name].replace(**overrides)
         return cfg, qwen.create(cfg, sharding_layout, seed)
-    raise ValueError(f"{name!r} is neither a directory nor a preset; presets: {sorted(PRESETS)}.")
+    if name in qwen_vl.PRESETS:
+        cfg = qwen_vl.PRESETS[name].replace(**overrides)
+        return cfg, qwen_vl.create(cfg, sharding_layout, seed)
+    raise ValueError(f"{name!r} is neither a directory nor a preset; presets: "
+                     f"{sorted(PRESETS) + sorted(qwen_vl.PRESETS)}.")
 
 
 def compute_dtype(path_or_preset: str | os.PathLike, dtype: str | None = None) -> str:

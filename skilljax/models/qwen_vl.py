@@ -109,6 +109,20 @@ class QwenVLConfig(QwenConfig):
         return super().num_params() + self.vision.num_params()
 
 
+# A random-init preset for tests and CPU runs (`model.checkpoint: tiny_vl`): the "tiny" decoder
+# with a 2-block tower on the released patch geometry (14 px patches, 2 x 2 merge, 112 px
+# windows). Its vision token ids are the run tokenizer's (`skilljax.experiment.build_model`).
+PRESETS: dict[str, QwenVLConfig] = {
+    "tiny_vl": QwenVLConfig(
+        vocab_size=512, embed_dim=128, mlp_dim=320, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=32, rope_theta=1e4, max_position_embeddings=8192, model_type="qwen2",
+        qkv_bias=True, qk_norm=False, mrope_section=(4, 6, 6), image_token_id=3,
+        video_token_id=4, vision_start_token_id=5, vision_end_token_id=6,
+        vision=VisionConfig(depth=2, embed_dim=64, mlp_dim=128, num_heads=2, out_dim=128,
+                            fullatt_block_indexes=(1,))),
+}
+
+
 # ----------------------------------------------------------------------------- HF config.json
 
 
@@ -250,6 +264,26 @@ def pad_vision_inputs(vision: VisionInputs, units: int, vcfg: VisionConfig) -> V
         fill(vision.frame_P, next_id(vision.frame_P)), fill(vision.window_P, next_id(vision.window_P)))
 
 
+def row_vision_inputs(images: Sequence, vcfg: VisionConfig, units: int | None = None
+                      ) -> VisionInputs:
+    """Per-row vision inputs for a batch of sequences (the learner's): `images[b]` is row b's
+    (pixel_values, grid_thw) or None. Each row's images are padded (`pad_vision_inputs`) to
+    `units` merge units (default: the most any row has), so the arrays stack to [B, ...] and can
+    be split and sharded by rows like the tokens; the tower attends within each row only."""
+    m2 = vcfg.spatial_merge_size ** 2
+    rows = [None if x is None else vision_inputs(x[0], x[1], vcfg) for x in images]
+    most = max([0] + [len(r.order_U) for r in rows if r is not None])
+    units = most if units is None else units
+    if units < most or units < 1:
+        raise ValueError(f"units={units}: a row has {most} merge units (and the rows need >= 1).")
+    empty = VisionInputs(np.zeros((0, vcfg.patch_dim), np.float32),
+                         *(np.zeros(n, np.int32) for n in (0, 0, 0, 0, 0, 0)))
+    padded = [pad_vision_inputs(empty if r is None else r, units, vcfg) for r in rows]
+    out = VisionInputs(*(np.stack(xs) for xs in zip(*padded)))
+    assert out.patches_PK.shape[1] == units * m2
+    return out
+
+
 def rope_index(tokens_BT: np.ndarray, mask_BT: np.ndarray | None, grid_thw: np.ndarray | None,
                cfg: QwenVLConfig) -> tuple[np.ndarray, np.ndarray]:
     """M-RoPE positions [3, B, T] and each row's delta [B] (arXiv 2409.12191 §2.1).
@@ -307,19 +341,22 @@ class VisionAttention(nnx.Module):
         self.proj = _param(rngs, (n, h, d), ("heads", "head_dim", "embed"), std, pd)
         self.proj_bias = nnx.Param(jnp.zeros((d,), pd), logical_axes=("norm",))
 
-    def __call__(self, x_PD, rope: qwen.Rope, mask_PP):
+    def __call__(self, x_RPD, rope: qwen.Rope, mask_RPP):
+        """Rows (R) attend within themselves: one row per learner sample, or one row holding
+        every image of a sampler chunk."""
         dt = self.dtype
         d, _, n, h = self.qkv.shape
-        qkv_PF = jnp.einsum("PD,DF->PF", x_PD, self.qkv[...].astype(dt).reshape(d, -1))
-        qkv_P3NH = qkv_PF.reshape(-1, 3, n, h) + self.qkv_bias[...].astype(dt)
-        q_PNH, k_PNH, v_PNH = (qkv_P3NH[:, i] for i in range(3))
-        q_PNH, k_PNH = (qwen.apply_rope(x[None], rope)[0] for x in (q_PNH, k_PNH))
-        logits_NPQ = jnp.einsum("PNH,QNH->NPQ", q_PNH, k_PNH,
-                                preferred_element_type=jnp.float32) * h ** -0.5
-        logits_NPQ = jnp.where(mask_PP[None], logits_NPQ, jnp.finfo(jnp.float32).min)
-        probs_NPQ = jax.nn.softmax(logits_NPQ, axis=-1).astype(dt)
-        out_PF = jnp.einsum("NPQ,QNH->PNH", probs_NPQ, v_PNH).reshape(-1, n * h)
-        return out_PF @ self.proj[...].astype(dt).reshape(n * h, d) + self.proj_bias[...].astype(dt)
+        r, p = x_RPD.shape[:2]
+        qkv_RPF = jnp.einsum("RPD,DF->RPF", x_RPD, self.qkv[...].astype(dt).reshape(d, -1))
+        qkv_RP3NH = qkv_RPF.reshape(r, p, 3, n, h) + self.qkv_bias[...].astype(dt)
+        q_RPNH, k_RPNH, v_RPNH = (qkv_RP3NH[:, :, i] for i in range(3))
+        q_RPNH, k_RPNH = (qwen.apply_rope(x, rope) for x in (q_RPNH, k_RPNH))
+        logits_RNPQ = jnp.einsum("RPNH,RQNH->RNPQ", q_RPNH, k_RPNH,
+                                 preferred_element_type=jnp.float32) * h ** -0.5
+        logits_RNPQ = jnp.where(mask_RPP[:, None], logits_RNPQ, jnp.finfo(jnp.float32).min)
+        probs_RNPQ = jax.nn.softmax(logits_RNPQ, axis=-1).astype(dt)
+        out_RPF = jnp.einsum("RNPQ,RQNH->RPNH", probs_RNPQ, v_RPNH).reshape(r, p, n * h)
+        return out_RPF @ self.proj[...].astype(dt).reshape(n * h, d) + self.proj_bias[...].astype(dt)
 
 
 class VisionMLP(nnx.Module):
@@ -349,9 +386,9 @@ class VisionBlock(nnx.Module):
         self.norm2 = qwen.RMSNorm(vcfg.embed_dim, VISION_RMS_EPS, param_dtype=pd)
         self.mlp = VisionMLP(vcfg, dtypes, rngs=rngs)
 
-    def __call__(self, x_PD, rope, mask_PP):
-        x_PD = x_PD + self.attn(self.norm1(x_PD), rope, mask_PP)
-        return x_PD + self.mlp(self.norm2(x_PD))
+    def __call__(self, x_RPD, rope, mask_RPP):
+        x_RPD = x_RPD + self.attn(self.norm1(x_RPD), rope, mask_RPP)
+        return x_RPD + self.mlp(self.norm2(x_RPD))
 
 
 class PatchMerger(nnx.Module):
@@ -366,22 +403,22 @@ class PatchMerger(nnx.Module):
         self.fc2 = _param(rngs, (u, vcfg.out_dim), ("mlp", "embed"), std, pd)
         self.fc2_bias = nnx.Param(jnp.zeros((vcfg.out_dim,), pd), logical_axes=("norm",))
 
-    def __call__(self, x_PD):
+    def __call__(self, x_RPD):
         dt = self.dtype
-        x_UF = self.norm(x_PD).reshape(-1, self.fc1.shape[0])
-        h_UF = jax.nn.gelu(x_UF @ self.fc1[...].astype(dt) + self.fc1_bias[...].astype(dt),
-                           approximate=False)
-        return h_UF @ self.fc2[...].astype(dt) + self.fc2_bias[...].astype(dt)
+        x_RUF = self.norm(x_RPD).reshape(x_RPD.shape[0], -1, self.fc1.shape[0])
+        h_RUF = jax.nn.gelu(x_RUF @ self.fc1[...].astype(dt) + self.fc1_bias[...].astype(dt),
+                            approximate=False)
+        return h_RUF @ self.fc2[...].astype(dt) + self.fc2_bias[...].astype(dt)
 
 
-def vision_rope(vcfg: VisionConfig, rows_P, cols_P) -> qwen.Rope:
+def vision_rope(vcfg: VisionConfig, rows_RP, cols_RP) -> qwen.Rope:
     """2-D RoPE: the first half of the rotated pairs turn with the patch row, the second half with
     its column, each over head_dim / 4 frequencies."""
     quarter = vcfg.head_dim // 4
     inv_freq = 1.0 / vcfg.rope_theta ** (np.arange(0, 2 * quarter, 2, dtype=np.float32) / (2 * quarter))
-    freqs = [p.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq) for p in (rows_P, cols_P)]
-    angles_PH = jnp.concatenate(freqs * 2, axis=-1)
-    return qwen.Rope(jnp.cos(angles_PH)[None, :, None], jnp.sin(angles_PH)[None, :, None])
+    freqs = [p.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq) for p in (rows_RP, cols_RP)]
+    angles_RPH = jnp.concatenate(freqs * 2, axis=-1)
+    return qwen.Rope(jnp.cos(angles_RPH)[:, :, None], jnp.sin(angles_RPH)[:, :, None])
 
 
 class VisionTower(nnx.Module):
@@ -396,38 +433,52 @@ class VisionTower(nnx.Module):
         self.merger = PatchMerger(v, dtypes, rngs=rngs)
 
     def __call__(self, vision: VisionInputs) -> jax.Array:
-        """Merged features [U, out_dim], one per image-pad token, images in order."""
+        """Merged features, one per image-pad token, images in order: [U, out_dim] for flat
+        inputs (`vision_inputs`), [R, U, out_dim] for per-row inputs (`row_vision_inputs`, whose
+        rows attend only within themselves)."""
+        flat = vision.patches_PK.ndim == 2
+        if flat:
+            vision = VisionInputs(*(x[None] for x in vision))
         v, dt = self.vcfg, self.dtype
-        units = vision.order_U.shape[0]
+        r, units = vision.order_U.shape
         # The 3-D patch embedding: a Conv3d whose kernel is the whole patch, i.e. one matmul.
-        x_PD = vision.patches_PK.astype(dt) @ self.patch_embed[...].astype(dt).reshape(-1, v.embed_dim)
-        x_PD = x_PD.reshape(units, -1, v.embed_dim)[vision.order_U].reshape(-1, v.embed_dim)
-        x_PD = shd.constrain(x_PD, ("seq", "act_embed"), self.layout)
+        x_RPD = vision.patches_PK.astype(dt) @ self.patch_embed[...].astype(dt).reshape(-1, v.embed_dim)
+        x_RUMD = jnp.take_along_axis(x_RPD.reshape(r, units, -1, v.embed_dim),
+                                     vision.order_U[:, :, None, None], axis=1)
+        x_RPD = shd.constrain(x_RUMD.reshape(r, -1, v.embed_dim), ("batch", "seq", "act_embed"),
+                              self.layout)
         rope = vision_rope(v, vision.rows_P, vision.cols_P)
-        full_PP = vision.frame_P[:, None] == vision.frame_P[None, :]
-        window_PP = vision.window_P[:, None] == vision.window_P[None, :]
+        full_RPP = vision.frame_P[:, :, None] == vision.frame_P[:, None, :]
+        window_RPP = vision.window_P[:, :, None] == vision.window_P[:, None, :]
         is_full_L = jnp.asarray([i in v.fullatt_block_indexes for i in range(v.depth)])
         graphdef, blocks = nnx.split(self.blocks)
 
-        def body(x_PD, xs):
+        def body(x_RPD, xs):
             block, is_full = xs
-            mask_PP = jnp.where(is_full, full_PP, window_PP)
-            return nnx.merge(graphdef, block)(x_PD, rope, mask_PP), None
+            mask_RPP = jnp.where(is_full, full_RPP, window_RPP)
+            return nnx.merge(graphdef, block)(x_RPD, rope, mask_RPP), None
 
         if self.remat != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[self.remat], prevent_cse=False)
-        x_PD, _ = jax.lax.scan(body, x_PD, (blocks, is_full_L))
-        return self.merger(x_PD)[vision.inverse_U]
+        x_RPD, _ = jax.lax.scan(body, x_RPD, (blocks, is_full_L))
+        out_RUD = jnp.take_along_axis(self.merger(x_RPD), vision.inverse_U[:, :, None], axis=1)
+        return out_RUD[0] if flat else out_RUD
 
 
 # ----------------------------------------------------------------------------- the model
 
 
-def place_images(x_BTD, is_image_BT, features_UD):
-    """Image features written over the image-pad embeddings, in order (row by row)."""
-    index_BT = jnp.cumsum(is_image_BT.reshape(-1)).reshape(is_image_BT.shape) - 1
-    index_BT = jnp.clip(index_BT, 0, features_UD.shape[0] - 1)
-    return jnp.where(is_image_BT[..., None], features_UD[index_BT].astype(x_BTD.dtype), x_BTD)
+def place_images(x_BTD, is_image_BT, features):
+    """Image features written over the image-pad embeddings, in order: `features` [U, D] are
+    read row after row (a sampler chunk's images), [B, U, D] row by row (one row's own images)."""
+    if features.ndim == 2:
+        index_BT = jnp.cumsum(is_image_BT.reshape(-1)).reshape(is_image_BT.shape) - 1
+        index_BT = jnp.clip(index_BT, 0, features.shape[0] - 1)
+        picked_BTD = features[index_BT]
+    else:
+        index_BT = jnp.clip(jnp.cumsum(is_image_BT, axis=1) - 1, 0, features.shape[1] - 1)
+        picked_BTD = jnp.take_along_axis(features, index_BT[..., None], axis=1)
+    return jnp.where(is_image_BT[..., None], picked_BTD.astype(x_BTD.dtype), x_BTD)
 
 
 class QwenVL(qwen.Qwen):
@@ -504,5 +555,5 @@ def images_to_inputs(cfg: QwenVLConfig, images: Sequence, **preprocess_kw
 
 
 __all__ = ["VisionConfig", "QwenVLConfig", "QwenVL", "VisionInputs", "from_hf_config",
-           "to_hf_config", "vision_inputs", "pad_vision_inputs", "rope_index", "prepare", "forward",
-           "create", "abstract_model", "images_to_inputs"]
+           "to_hf_config", "vision_inputs", "pad_vision_inputs", "row_vision_inputs", "rope_index",
+           "prepare", "forward", "create", "abstract_model", "images_to_inputs", "PRESETS"]

@@ -15,7 +15,7 @@ one global order, exactly as one process would cut them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,12 +34,26 @@ class Batch(NamedTuple):
     old_logp_BT: jax.Array
     advantages_B: jax.Array
     ref_logp_BT: jax.Array | None = None
+    # Qwen2.5-VL rows: M-RoPE positions per row and each row's own images, padded to one count of
+    # merge units (`qwen_vl.row_vision_inputs`); None for a text policy.
+    positions_B3T: jax.Array | None = None
+    vision: Any = None  # qwen_vl.VisionInputs with rows first
+
+
+def _tree(f, x):
+    """`f` over the arrays of a field (an array, or the VisionInputs of `vision`)."""
+    return jax.tree.map(f, x)
 
 
 def collate(samples: Sequence, advantages: Sequence[float], pad_id: int,
-            length: int | None = None, multiple: int | None = None) -> Batch:
+            length: int | None = None, multiple: int | None = None, *,
+            images: Sequence | None = None, vl_cfg=None) -> Batch:
     """Step samples → right-padded host arrays (prompt then response per row), `length` tokens
-    long, else the longest sample rounded up to a `multiple`, else its `bucket_length` (RL)."""
+    long, else the longest sample rounded up to a `multiple`, else its `bucket_length` (RL).
+
+    `images` (a Qwen2.5-VL policy, with its config `vl_cfg`): each row's images as
+    (pixel_values, grid_thw) or None; the batch then carries M-RoPE positions and the rows'
+    vision inputs, their merge units padded to a `bucket_length` (few tower shapes per run)."""
     if not samples:
         raise ValueError("collate needs at least one step sample.")
     longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -57,12 +71,27 @@ def collate(samples: Sequence, advantages: Sequence[float], pad_id: int,
         attn_mask[r, :p + n] = 1
         loss_mask[r, p:p + n] = 1
         old_logp[r, p:p + n] = s.logprobs
-    return Batch(tokens, loss_mask, attn_mask, old_logp, np.asarray(advantages, np.float32))
+    positions = vision = None
+    if images is not None:
+        from skilljax.models import qwen_vl, vl_image
+        if vl_cfg is None or len(images) != b:
+            raise ValueError("collate: images need the model's QwenVLConfig (vl_cfg) and one entry "
+                             f"per sample ({b}), got {None if images is None else len(images)}.")
+        m = vl_cfg.vision.spatial_merge_size
+        positions = np.zeros((b, 3, t), np.int32)
+        for r, x in enumerate(images):
+            positions[r] = qwen_vl.rope_index(tokens[r:r + 1], attn_mask[r:r + 1],
+                                              None if x is None else x[1], vl_cfg)[0][:, 0]
+        units = max([1] + [sum(vl_image.num_image_tokens(x[1], m)) for x in images
+                           if x is not None])
+        vision = qwen_vl.row_vision_inputs(images, vl_cfg.vision, bucket_length(units))
+    return Batch(tokens, loss_mask, attn_mask, old_logp, np.asarray(advantages, np.float32),
+                 positions_B3T=positions, vision=vision)
 
 
 def to_host(batch: Batch) -> dict[str, np.ndarray]:
     """A batch's fields as host arrays (None fields dropped)."""
-    return {k: distributed.to_host(v) for k, v in batch._asdict().items() if v is not None}
+    return {k: _tree(distributed.to_host, v) for k, v in batch._asdict().items() if v is not None}
 
 
 def response_window(loss_mask_BT) -> int | None:
@@ -85,7 +114,7 @@ def response_window(loss_mask_BT) -> int | None:
 
 def rows(host: dict[str, np.ndarray], idx: np.ndarray, real: int) -> dict[str, np.ndarray]:
     """Rows `idx` of a host batch; rows past the first `real` carry no loss (padding)."""
-    mb = {k: v[idx] for k, v in host.items()}
+    mb = {k: _tree(lambda a: a[idx], v) for k, v in host.items()}
     keep = np.arange(len(idx)) < real
     mb["loss_mask_BT"] = mb["loss_mask_BT"] * keep[:, None].astype(mb["loss_mask_BT"].dtype)
     mb["advantages_B"] = mb["advantages_B"] * keep.astype(mb["advantages_B"].dtype)
@@ -101,4 +130,4 @@ def place(x: np.ndarray, layout: shd.Layout | None) -> jax.Array:
 
 
 def place_batch(host: dict[str, np.ndarray], layout: shd.Layout | None) -> Batch:
-    return Batch(**{k: place(v, layout) for k, v in host.items()})
+    return Batch(**{k: _tree(lambda a: place(a, layout), v) for k, v in host.items()})

@@ -75,24 +75,28 @@ class LearnerConfig:
 
 
 def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float = 1.0,
-                   loss_mask_BT=None, window: int | None = None):
+                   loss_mask_BT=None, window: int | None = None, positions_B3T=None, vision=None):
     """log π(tokens[t] | tokens[<t]) aligned with `tokens_BT` (position 0 gets 0), and entropy.
 
     With `window` (static, from `response_window`) and `loss_mask_BT`, the vocabulary projection,
     log-softmax and entropy run only over each row's `window` positions from its first response
     token; elsewhere both outputs are 0. Step prompts are long and responses short, so this skips
     most of the [B, T, V] work; values at response tokens are those of the full computation.
+    A Qwen2.5-VL policy takes its rows' M-RoPE positions and images (`Batch.positions_B3T`,
+    `Batch.vision`).
     """
+    b, t = tokens_BT.shape
+    positions = (qwen.positions_from_mask(attn_mask_BT) if positions_B3T is None
+                 else positions_B3T.swapaxes(0, 1))
+    images = {} if vision is None else {"vision": vision}
+    h_BTD, _ = model.hidden(tokens_BT, positions, qwen.causal_mask(attn_mask_BT), **images)
     if window is None:
-        logits_BTV = qwen.sequence_logits(model, tokens_BT, attn_mask_BT) / temperature
+        logits_BTV = model.logits(h_BTD).astype(jnp.float32) / temperature
         logp_BTV = jax.nn.log_softmax(logits_BTV[:, :-1], axis=-1)
         logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
         entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
         pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
         return pad(logp_BT), pad(entropy_BT)
-    b, t = tokens_BT.shape
-    h_BTD, _ = model.hidden(tokens_BT, qwen.positions_from_mask(attn_mask_BT),
-                            qwen.causal_mask(attn_mask_BT))
     start_B = jnp.maximum(jnp.argmax(loss_mask_BT > 0, axis=1), 1)  # first response token
     idx_BR = start_B[:, None] + jnp.arange(window)[None]  # the tokens scored
     h_BRD = jnp.take_along_axis(h_BTD, jnp.clip(idx_BR - 1, 0, t - 1)[..., None], axis=1)
@@ -107,7 +111,8 @@ def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float
 
 def _loss_terms(model, batch: Batch, cfg: LearnerConfig, window: int | None = None):
     logp_BT, entropy_BT = token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT, cfg.temperature,
-                                         batch.loss_mask_BT, window)
+                                         batch.loss_mask_BT, window, batch.positions_B3T,
+                                         batch.vision)
     num, den, sums = losses.policy_loss_terms(
         logp_BT, batch.old_logp_BT, batch.advantages_B, batch.loss_mask_BT, cfg.clip_low,
         cfg.clip_high, cfg.dual_clip, cfg.loss_agg)
@@ -176,19 +181,17 @@ def _mini_batch_step(model: qwen.Qwen, optimizer: nnx.Optimizer, batch: Batch,
     return metrics
 
 
-@nnx.jit(static_argnums=(4, 5, 6))
-def _policy_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, loss_mask_BT, temperature: float,
-                     window: int | None, micro: int):
+@nnx.jit(static_argnums=(2, 3, 4))
+def _policy_logprobs(model: qwen.Qwen, mb: Batch, temperature: float, window: int | None,
+                     micro: int):
     """Logprobs of a mini-batch's tokens under `model`, one micro-batch at a time (no gradients)."""
-    b, t = tokens_BT.shape
-    split = lambda x: x.reshape(micro, b // micro, t).swapaxes(0, 1)  # as `_split`
+    b, t = mb.tokens_BT.shape
 
-    def one(xs):
-        tokens, attn, loss = xs
-        return token_logprobs(model, tokens, attn, temperature, loss, window)[0]
+    def one(x: Batch):
+        return token_logprobs(model, x.tokens_BT, x.attn_mask_BT, temperature, x.loss_mask_BT,
+                              window, x.positions_B3T, x.vision)[0]
 
-    return jax.lax.map(one, (split(tokens_BT), split(attn_mask_BT), split(loss_mask_BT))
-                       ).swapaxes(0, 1).reshape(b, t)
+    return jax.lax.map(one, _split(mb, b // micro)).swapaxes(0, 1).reshape(b, t)
 
 
 def _rows(n: int, cfg: LearnerConfig, shards: int = 1) -> tuple[int, int]:
@@ -230,9 +233,9 @@ class Learner:
     def _logprobs(self, model, mb: dict[str, np.ndarray], window: int | None) -> np.ndarray:
         b = mb["tokens_BT"].shape[0]
         micro = self.cfg.micro_batch_size or b
-        put = lambda x: batch_lib.place(x, self.model.layout)
-        return to_host(_policy_logprobs(model, put(mb["tokens_BT"]), put(mb["attn_mask_BT"]),
-                                        put(mb["loss_mask_BT"]), self.cfg.temperature, window,
+        part = batch_lib.place_batch({k: v for k, v in mb.items() if k != "ref_logp_BT"},
+                                     self.model.layout)
+        return to_host(_policy_logprobs(model, part, self.cfg.temperature, window,
                                         micro if b % micro == 0 else b))
 
     def reference_logprobs(self, batch: Batch) -> jax.Array:

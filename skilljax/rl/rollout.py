@@ -20,6 +20,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -30,7 +31,7 @@ from skilljax.envs.pool import EnvPool
 from skilljax.sampling import Sampler, SampleOutput, SamplingParams
 from skilljax.tokenizer import IM_END, IM_START, Tokenizer
 
-PROMPT_PARTS = ("skill", "history", "observation", "template")
+PROMPT_PARTS = ("skill", "history", "observation", "template", "image")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -118,43 +119,66 @@ def _oneline(s: str) -> str:
     return " ".join(s.split())
 
 
+def history_line(observation: str, action: str) -> str:
+    """One past step as the prompt (or its history image) shows it."""
+    return f"[Observation]: {_oneline(observation)} [Action]: {_oneline(action) or '(none)'}"
+
+
 def build_prompt(tok: Tokenizer, cfg: PromptConfig, fmt, *, goal: str, observation: str,
                  history: Sequence[tuple[str, str]], step: int, skill_context: str = "",
-                 admissible: Sequence[str] | None = None) -> Prompt:
+                 admissible: Sequence[str] | None = None,
+                 image: Callable[[list[tuple[str, str]]], int] | None = None,
+                 compression: bool = False) -> Prompt:
     """One user turn (after an optional system turn), tokenised piece by piece.
 
     Every piece boundary is one byte-level BPE pre-tokenisation never merges across (after a
     newline, or between punctuation and " word"), so the ids equal `tok.chat(...)` of the text.
+
+    `image` (SKILL0's visual context): called with the history records shown, it draws their
+    image and returns its image-pad count; the image opens the user turn and the history text is
+    left out. `compression`: the instruction asks for the next image's compression factor.
     """
     records = list(history[-cfg.history_length:]) if cfg.history_length > 0 else []
     while True:
-        pieces: list[tuple[str, str]] = []
+        pieces: list[tuple[str, str | list[int]]] = []
         if cfg.system_prompt is not None:
             pieces.append(("template", f"{IM_START}system\n{cfg.system_prompt}{IM_END}\n"))
         role = f"{cfg.role}\n" if cfg.role else ""
-        pieces.append(("template", f"{IM_START}user\n{role}Your task is to:"))
+        if image is not None:
+            from skilljax.rl.visual import image_prompt_ids
+            pieces.append(("template", f"{IM_START}user\n"))
+            pieces.append(("image", image_prompt_ids(tok, image(records))))
+            pieces.append(("template", f"\n{role}Your task is to:"))
+        else:
+            pieces.append(("template", f"{IM_START}user\n{role}Your task is to:"))
         pieces.append(("observation", f" {_oneline(goal)}\n"))
         if skill_context.strip():
             pieces.append(("skill", skill_context.strip() + "\n"))
-        if records:
+        if records and image is not None:
+            pieces.append(("template", f"Before this step you took {step} step(s). The image "
+                           f"shows your last {len(records)} observation(s) and action(s).\n"))
+        elif records:
             pieces.append(("template", f"Before this step you took {step} step(s). Your last "
                            f"{len(records)} observation(s) and action(s):\n"))
-            pieces.append(("history", "".join(f"[Observation]: {_oneline(o)} [Action]: "
-                                              f"{_oneline(a) or '(none)'}\n" for o, a in records)))
+            pieces.append(("history", "".join(history_line(o, a) + "\n" for o, a in records)))
         pieces.append(("template", f"Step {step + 1}. Current observation:"))
         pieces.append(("observation", f" {_oneline(observation)}\n"))
         if cfg.show_admissible and admissible:
             pieces.append(("template", "Admissible actions:"))
             pieces.append(("observation", " [" + ", ".join(admissible) + "]\n"))
         instruction = f"{fmt.instruction}" if fmt.instruction else ""
+        if compression:
+            from skilljax.rl.visual import compression_suffix
+            instruction = compression_suffix(instruction)
         pieces.append(("template", f"{instruction}{IM_END}\n{IM_START}assistant\n"))
         ids, counts = [], dict.fromkeys(PROMPT_PARTS, 0)
         for part, text in pieces:
-            piece_ids = tok.encode(text)
+            piece_ids = text if isinstance(text, list) else tok.encode(text)
             ids += piece_ids
             counts[part] += len(piece_ids)
         if cfg.max_prompt_tokens is None or len(ids) <= cfg.max_prompt_tokens:
-            return Prompt(ids, counts, "".join(t for _, t in pieces))
+            return Prompt(ids, counts, "".join(t if isinstance(t, str) else tok.decode(t)
+                                               for _, t in pieces))
         if not records:
             raise ValueError(f"Prompt of {len(ids)} tokens exceeds max_prompt_tokens="
                              f"{cfg.max_prompt_tokens} even without history; raise the limit or "
@@ -183,6 +207,8 @@ class StepSample:
     perturbed: bool = False      # expert data only: a random action the noise took instead of the
                                  # expert's (it leads to states to recover from; not a target)
     compression: float = 1.0     # visual path: the factor chosen for the next history image
+    image: tuple[str, float] | None = None  # visual path: the history text of the image this
+                                 # step was shown and the factor it was compressed by
 
 
 @dataclasses.dataclass
@@ -227,6 +253,7 @@ class RolloutConfig:
     max_turns: int = 50
     sampling: SamplingParams = SamplingParams(max_new_tokens=64)
     prompt: PromptConfig = PromptConfig()
+    visual: Any = None  # skilljax.rl.visual.VisualConfig: the history as an image (SKILL0)
 
 
 def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Sequence[Task],
@@ -300,13 +327,33 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 contexts[i] = "\n".join(x for x in (contexts[i].strip(), listing) if x)
     feedback: dict[int, str] = {}
     samples: list[StepSample] = []
+    visual = cfg.visual
+    compression = visual is not None and visual.agent_compression
+    renderers = {i: visual.renderer() for i in obs} if visual is not None else {}
+    cf_next = dict.fromkeys(range(len(trajs)), 1.0)  # each episode's factor for its next image
+    line = getattr(fmt, "image_line", history_line)  # a past step as the image shows it
+    in_image = visual is not None and visual.skills_in_image
     for turn in range(cfg.max_turns):
         live = [i for i, t in enumerate(trajs) if not t.done]
         if not (distributed.any_process(bool(live)) if collective else live):
             break
+        shown: dict[int, tuple] = {}  # visual: (history text, cf, pixel values, grid) per episode
+
+        def draw(i):
+            def image(records):
+                text = "\n".join(([contexts[i]] if in_image else [])
+                                 + [line(o, a) for o, a in records])
+                pixels, grid, pads = visual.inputs(renderers[i].image(text, cf_next[i]))
+                shown[i] = (text, cf_next[i], pixels, grid)
+                return pads
+            return image
+
         prompts = [build_prompt(tok, cfg.prompt, fmt, goal=goal[i], observation=obs[i],
-                                history=history[i], step=turn, skill_context=contexts[i],
-                                admissible=admissible[i]) for i in live]
+                                history=history[i], step=turn,
+                                skill_context="" if in_image else contexts[i],
+                                admissible=admissible[i],
+                                image=draw(i) if visual is not None else None,
+                                compression=compression) for i in live]
         t0 = time.perf_counter()
         perturbed = set()
         if expert:
@@ -318,10 +365,15 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 last = {i: trajs[i].actions[-1] for i in live if trajs[i].actions}
                 perturbed = _perturb(out, tok, fmt, acts, live, admissible, expert_noise,
                                      noise_rng, expert_repeat, last)
+            if compression:  # the expert's responses state a factor too
+                tag = tok.encode(f"<compression>{visual.expert_compression}</compression>")
+                for j in range(len(live)):
+                    _replace(out, j, out.token_ids[j][:-1] + tag + out.token_ids[j][-1:])
         else:
             keys = (jax.vmap(jax.random.fold_in, (0, None))(episode_keys[np.asarray(live)], turn)
                     if live else jax.random.split(rng, 0))
-            out = sampler.generate([p.ids for p in prompts], params, keys)
+            images = {"images": [shown[i][2:] for i in live]} if visual is not None else {}
+            out = sampler.generate([p.ids for p in prompts], params, keys, **images)
         sample_s += time.perf_counter() - t0
         actions = {}
         for j, i in enumerate(live):
@@ -336,13 +388,20 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             action, valid, reason = fmt.parse(text)
             if valid and problem:
                 valid, reason = False, problem
+            cf = 1.0
+            if compression:
+                cf, ok = parse_compression(text, answer=action.startswith("answer:"))
+                if valid and not ok:
+                    valid, reason = False, "compression tags repeated"
+                cf_next[i] = cf
             actions[i] = action
             counts = dict(prompts[j].counts, response=len(out.token_ids[j]))
             trajs[i].samples.append(len(samples))
             samples.append(StepSample(prompts[j].ids, list(out.token_ids[j]), out.logprobs[j], i,
                                       trajs[i].group, turn, action, valid, reason, 0.0,
                                       out.finish_reasons[j] == "length", counts, state[i],
-                                      perturbed=i in perturbed))
+                                      perturbed=i in perturbed, compression=cf,
+                                      image=shown[i][:2] if i in shown else None))
         if not live:
             continue
         t0 = time.perf_counter()
@@ -364,6 +423,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
             if r.done:
                 t.done, t.won = True, bool(r.won)
                 t.failure = r.info.get("failure")
+                s.compression = 1.0  # no image follows the last step (as released: 1 when done)
     stats = _stats(samples, trajs, time.perf_counter() - t_start, env_s, sample_s)
     return RolloutResult(samples, trajs, stats)
 
@@ -380,6 +440,8 @@ def _stats(samples: Sequence[StepSample], trajs: Sequence[Trajectory], wall: flo
         skill_calls=sum(len(c["names"]) for t in trajs for c in t.calls) / max(len(trajs), 1),
         skill_calls_unknown=sum(c["skill_id"] is None for t in trajs for c in t.calls),
         **behaviour_stats(trajs),
+        **({"compression_mean": float(np.mean([s.compression for s in samples]))}
+           if any(s.image is not None for s in samples) else {}),
         **{f"tokens_{k}": sum(s.counts[k] for s in samples) / n for k in PROMPT_PARTS + ("response",)})
 
 

@@ -22,6 +22,7 @@ from skilljax.rl import batch as batch_lib
 from skilljax.rl.batch import response_window
 from skilljax.rl.learner import token_logprobs
 from skilljax.rl.rollout import StepSample
+from skilljax.rl.visual import collate_kw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,19 +45,23 @@ def make_optimizer(cfg: SFTConfig) -> optax.GradientTransformation:
 
 
 def response_nll(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT,
-                 window: int | None = None):
-    """Mean negative log-likelihood per response token (`window`: see `token_logprobs`)."""
-    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT, 1.0, loss_mask_BT, window)
+                 window: int | None = None, positions_B3T=None, vision=None):
+    """Mean negative log-likelihood per response token (`window`: see `token_logprobs`; a VL
+    policy's rows come with their M-RoPE positions and images)."""
+    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT, 1.0, loss_mask_BT, window,
+                                positions_B3T, vision)
     n = jnp.maximum(loss_mask_BT.sum(), 1.0)
     return -(logp_BT * loss_mask_BT).sum() / n
 
 
 def sft_loss(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT, window: int | None,
-             prompt_weight: float):
+             prompt_weight: float, positions_B3T=None, vision=None):
     """`response_nll`, plus `prompt_weight` × the mean NLL of the prompt tokens (position ≥ 1)."""
     if not prompt_weight:
-        return response_nll(model, tokens_BT, loss_mask_BT, attn_mask_BT, window)
-    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT, 1.0)
+        return response_nll(model, tokens_BT, loss_mask_BT, attn_mask_BT, window, positions_B3T,
+                            vision)
+    logp_BT, _ = token_logprobs(model, tokens_BT, attn_mask_BT, 1.0, positions_B3T=positions_B3T,
+                                vision=vision)
     resp = -(logp_BT * loss_mask_BT).sum() / jnp.maximum(loss_mask_BT.sum(), 1.0)
     prompt_BT = (attn_mask_BT > 0) & (loss_mask_BT == 0) & (jnp.arange(tokens_BT.shape[1]) > 0)
     prompt = -(logp_BT * prompt_BT).sum() / jnp.maximum(prompt_BT.sum(), 1.0)
@@ -65,9 +70,10 @@ def sft_loss(model: qwen.Qwen, tokens_BT, loss_mask_BT, attn_mask_BT, window: in
 
 @nnx.jit(donate_argnums=(0, 1), static_argnums=(5, 6))
 def _step(model: qwen.Qwen, optimizer: nnx.Optimizer, tokens_BT, loss_mask_BT, attn_mask_BT,
-          window: int | None, prompt_weight: float = 0.0):
+          window: int | None, prompt_weight: float = 0.0, positions_B3T=None, vision=None):
     grad_of = nnx.value_and_grad(sft_loss, argnums=nnx.DiffState(0, qwen.trainable(model.cfg)))
-    loss, grads = grad_of(model, tokens_BT, loss_mask_BT, attn_mask_BT, window, prompt_weight)
+    loss, grads = grad_of(model, tokens_BT, loss_mask_BT, attn_mask_BT, window, prompt_weight,
+                          positions_B3T, vision)
     optimizer.update(model, grads)
     return loss, optax.global_norm(grads)
 
@@ -82,14 +88,23 @@ _eval_nll = nnx.jit(response_nll, static_argnums=(4,))
 LENGTH_MULTIPLE = 32
 
 
-def _batch(samples: Sequence[StepSample], pad_id: int):
-    a = batch_lib.collate(samples, np.zeros(len(samples)), pad_id, multiple=LENGTH_MULTIPLE)
-    return a.tokens_BT, a.loss_mask_BT, a.attn_mask_BT
+def _batch(samples: Sequence[StepSample], pad_id: int, visual=None, vl_cfg=None):
+    """(tokens, loss mask, attention mask), and with `visual` (a VisualConfig; `vl_cfg` the
+    policy's) the rows' M-RoPE positions and images."""
+    kw = collate_kw(samples, visual, vl_cfg)
+    a = batch_lib.collate(samples, np.zeros(len(samples)), pad_id, multiple=LENGTH_MULTIPLE, **kw)
+    return (a.tokens_BT, a.loss_mask_BT, a.attn_mask_BT) + ((a.positions_B3T, a.vision) if kw
+                                                             else ())
+
+
+def _place(arrays, layout):
+    return [batch_lib._tree(lambda x: batch_lib.place(x, layout), a) for a in arrays]
 
 
 def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_id: int,
           seed: int = 0, log_every: int = 0, on_step=None, should_stop=None,
-          later: Sequence[StepSample] = (), admit_later=None) -> list[dict[str, float]]:
+          later: Sequence[StepSample] = (), admit_later=None, visual=None
+          ) -> list[dict[str, float]]:
     """Up to `cfg.steps` optimiser steps on batches drawn without replacement (reshuffled per epoch).
 
     Batch rows are grouped by length (a shuffled epoch is cut into chunks of 16 batches, each chunk
@@ -100,6 +115,9 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
     `later`: samples held back until `admit_later(step)` (asked after each step) first returns
     True; from then on batches are drawn from `samples` and `later` together (a fresh epoch
     starts at once). Same optimiser state and schedule throughout.
+
+    `visual` (a `skilljax.rl.visual.VisualConfig`): the samples' history images are drawn again
+    for each batch (SKILL0's visual context; the policy is a Qwen2.5-VL model).
     """
     if not samples:
         raise ValueError("SFT needs at least one expert step sample.")
@@ -109,6 +127,7 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
     if later and admit_later is None:
         raise ValueError("sft.train: `later` samples need an `admit_later(step)` condition.")
     optimizer = nnx.Optimizer(model, make_optimizer(cfg), wrt=qwen.trainable(model.cfg))
+    vis = (visual, model.cfg) if visual is not None else ()
     rng = np.random.default_rng(seed)
     bs = min(cfg.batch_size, len(samples))
     order: list[int] = []
@@ -126,10 +145,11 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
             order = [i for b in batches for i in b]
         idx, order = order[:bs], order[bs:]
         t0 = time.perf_counter()
-        arrays = _batch([pool[i] for i in idx], pad_id)
+        arrays = _batch([pool[i] for i in idx], pad_id, *vis)
         window = response_window(arrays[1])
-        loss, gnorm = _step(model, optimizer, *(batch_lib.place(a, model.layout) for a in arrays),
-                            window, cfg.prompt_loss_weight)
+        placed = _place(arrays, model.layout)
+        loss, gnorm = _step(model, optimizer, *placed[:3], window, cfg.prompt_loss_weight,
+                            *placed[3:])
         metrics = dict(step=step + 1, loss=float(loss), grad_norm=float(gnorm),
                        step_s=time.perf_counter() - t0)
         history.append(metrics)
@@ -146,14 +166,16 @@ def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_i
 
 
 def evaluate_nll(model: qwen.Qwen, samples: Sequence[StepSample], pad_id: int,
-                 batch_size: int = 64) -> float:
+                 batch_size: int = 64, visual=None) -> float:
     """Mean response NLL per token over `samples` (held-out expert data)."""
     total, count = 0.0, 0
+    vis = (visual, model.cfg) if visual is not None else ()
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
-        arrays = _batch(chunk, pad_id)
-        tokens, mask, attn = (batch_lib.place(a, model.layout) for a in arrays)
+        arrays = _batch(chunk, pad_id, *vis)
+        tokens, mask, attn, *extra = _place(arrays, model.layout)
         n = float(mask.sum())
-        total += float(_eval_nll(model, tokens, mask, attn, response_window(arrays[1]))) * n
+        total += float(_eval_nll(model, tokens, mask, attn, response_window(arrays[1]),
+                                 *extra)) * n
         count += n
     return total / max(count, 1.0)

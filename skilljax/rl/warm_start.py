@@ -176,6 +176,8 @@ def cache_entry(c, max_turns: int) -> Path | None:
     parts["sft"] = {k: v for k, v in cfg["sft"].items() if k != "cache_dir"}
     parts["skills_dir"] = c.skills.dir
     parts["max_turns"] = max_turns
+    if c.visual.enabled:  # the prompts hold images (and the compression request)
+        parts["visual"] = {k: v for k, v in cfg["visual"].items() if not k.startswith("compression")}
     if c.evolution.enabled:  # the warm start shows catalogs and calls skills
         parts["evolution"] = {k: cfg["evolution"][k] for k in
                               ("general_k", "specific_k", "instruction", "embedder", "call_names")}
@@ -297,6 +299,7 @@ def run(r: Run, log, on_check=None) -> dict:
     # checks the held-out NLL every `check_every` steps and stops once it is below the target:
     # `steps` is a budget. With `bare_after_nll`, the skill-free episodes join only once the
     # held-out NLL is below it (the policy reads skill text); before, they slow that jump down.
+    visual = r.rollout_config(evaluation=True).visual  # SKILL0's history images, drawn again
     every, target = c.sft.check_every, c.sft.target_heldout_nll
     bare_after = float(c.sft.bare_after_nll)
     if bare and bare_after and (not every or bare_after < target):
@@ -308,7 +311,7 @@ def run(r: Run, log, on_check=None) -> dict:
     def should_stop(step: int) -> bool:
         if not every or step % every:
             return False
-        curve.append((step, sft.evaluate_nll(r.model, held, r.tok.pad_id)))
+        curve.append((step, sft.evaluate_nll(r.model, held, r.tok.pad_id, visual=visual)))
         console.info(f"warm start {step}: held-out NLL {curve[-1][1]:.4f}")
         if on_check is not None:
             on_check(step, held)
@@ -325,8 +328,8 @@ def run(r: Run, log, on_check=None) -> dict:
                         else samples, scfg, r.tok.pad_id, seed=c.seed,
                         on_step=log,
                         should_stop=should_stop, later=bare if held_back else (),
-                        admit_later=admit if held_back else None)
-    nll = sft.evaluate_nll(r.model, held, r.tok.pad_id)
+                        admit_later=admit if held_back else None, visual=visual)
+    nll = sft.evaluate_nll(r.model, held, r.tok.pad_id, visual=visual)
     if target and nll >= target:
         console.warning(f"the warm start ended at held-out NLL {nll:.3f}, above its target "
                         f"{target}: the policy may not follow skill text yet, and RL from it will "

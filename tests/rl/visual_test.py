@@ -1,0 +1,174 @@
+"""SKILL0's visual context through the rollout, the batch and the learner (a tiny random
+Qwen2.5-VL policy on the chores env)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from skilljax import render
+from skilljax.envs.chores import Chores
+from skilljax.envs.pool import EnvPool
+from skilljax.models import qwen_vl
+from skilljax.rl import batch as batch_lib
+from skilljax.rl import learner as learner_lib
+from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, rollout
+from skilljax.rl.visual import (VISION_SPECIALS, VisualConfig, batch_images, collate_kw,
+                                parse_highlights, vision_ids)
+from skilljax.sampling import Sampler, SamplingParams
+from skilljax.tokenizer import Tokenizer
+from skilljax.tools.bench_rollout import env_texts
+
+SMALL = VisualConfig(max_pixels=28 * 28 * 48)  # small images: at most 48 image-pad tokens
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.train(env_texts("chores", 40), vocab_size=400, specials=VISION_SPECIALS)
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    start, pad, end = vision_ids(tok)
+    cfg = qwen_vl.PRESETS["tiny_vl"].replace(
+        vocab_size=tok.vocab_size, dtype="float32", image_token_id=pad, video_token_id=pad,
+        vision_start_token_id=start, vision_end_token_id=end)
+    return qwen_vl.create(cfg, None, seed=0)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with EnvPool("chores", num_workers=2) as p:
+        yield p
+
+
+def test_parse_highlights():
+    assert parse_highlights("[Observation]:0,0,255;[Action]:255,0,0") == (
+        ("[Observation]", (0, 0, 255)), ("[Action]", (255, 0, 0)))
+    assert parse_highlights("<search>:0,0,255;") == (("<search>", (0, 0, 255)),)
+    for bad in ("[Action]", "[Action]:1,2", "[Action]:0,0,300", ":1,2,3"):
+        with pytest.raises(ValueError, match="marker:r,g,b"):
+            parse_highlights(bad)
+
+
+def _visual_rollout(tok, model, pool, *, expert=False, temperature=1.0, n=2):
+    cfg = RolloutConfig(group_size=2, max_turns=3, visual=SMALL,
+                        sampling=SamplingParams(max_new_tokens=12, temperature=temperature),
+                        prompt=PromptConfig(history_length=2))
+    sampler = None if expert else Sampler(model, pad_id=tok.pad_id)
+    tasks = Chores.make_tasks("train", n, 0, "random")
+    return rollout(sampler, tok, pool, tasks, cfg, jax.random.key(0), fmt=ThinkAction(),
+                   expert=expert)
+
+
+def test_visual_rollout_shows_the_history_as_an_image(tok, model, pool):
+    res = _visual_rollout(tok, model, pool, expert=True)
+    start, pad, end = vision_ids(tok)
+    by_episode = {}
+    for s in res.samples:
+        by_episode.setdefault(s.episode, []).append(s)
+    for e, steps in by_episode.items():
+        t = res.trajectories[e]
+        for k, s in enumerate(steps):
+            text, cf = s.image
+            assert cf == 1.0  # the expert writes <compression>1.0</compression>
+            lines = text.split("\n") if text else []
+            assert len(lines) == min(k, 2)  # history_length 2
+            if k:
+                assert lines[-1].endswith(f"[Action]: {t.actions[k - 1]}")
+            # The prompt holds one image: start, its pads, end; no history text.
+            ids = s.prompt_ids
+            assert ids.count(start) == 1 and ids.count(end) == 1
+            pads = ids.count(pad)
+            assert pads == s.counts["image"] - 2 and s.counts["history"] == 0
+            _, grid, n = SMALL.inputs(SMALL.renderer().image(text, cf))
+            assert n == pads
+            assert tok.decode(s.response_ids).endswith("<compression>1.0</compression><|im_end|>")
+    # The first step's image is the 38 x 38 blank, which the processor resizes to 84 x 84 (9 pads).
+    first = [s for s in res.samples if s.step == 0]
+    assert all(s.image == ("", 1.0) and s.counts["image"] == 9 + 2 for s in first)
+    assert res.stats["tokens_image"] > 0
+
+
+def test_sampled_visual_rollout_and_update(tok, model, pool):
+    res = _visual_rollout(tok, model, pool, n=1)
+    _, pad, _ = vision_ids(tok)
+    for s in res.samples:
+        assert pad not in s.response_ids  # vision ids are never sampled
+        assert 1.0 <= s.compression <= 5.0
+    # Images are drawn again for the learner, exactly as shown.
+    images = batch_images(res.samples, SMALL)
+    renderer = SMALL.renderer()
+    for s, (pixels, grid) in zip(res.samples, images):
+        want, _, _ = SMALL.inputs(renderer.image(*s.image))
+        np.testing.assert_array_equal(pixels, want)
+    adv = np.linspace(-1, 1, len(res.samples))
+    batch = batch_lib.collate(res.samples, adv, tok.pad_id,
+                              **collate_kw(res.samples, SMALL, model.cfg))
+    learner = learner_lib.Learner(model, learner_lib.LearnerConfig(
+        learning_rate=1e-3, micro_batch_size=2, mini_batch_size=4, row_multiple=2))
+    before = jax.tree.map(jnp.copy, learner.model.visual.patch_embed[...])
+    out = learner.update(batch)
+    assert out and all(np.isfinite(m["loss"]) for m in out)
+    # The first mini-batch starts on-policy: its old logprobs are the learner's own.
+    assert abs(out[0]["approx_kl"]) < 1e-6
+    assert not np.allclose(before, learner.model.visual.patch_embed[...])  # the tower trains
+
+
+def test_learner_logprobs_match_the_model_per_row(tok, model):
+    """Rows of different images (and one without) in one batch: each row's response logprobs
+    are those of the model on that row alone."""
+    rng = np.random.default_rng(0)
+    start, pad, end = vision_ids(tok)
+
+    @dataclasses.dataclass
+    class Row:
+        prompt_ids: list
+        response_ids: list
+        logprobs: np.ndarray
+
+    rows, images = [], []
+    for k in (1, 4, 0):
+        x = None
+        head = []
+        if k:
+            im = render.compress(render.render_text("[Observation]: a desk [Action]: look\n" * k), 1.5)
+            pixels, grid, n = SMALL.inputs(im)
+            x, head = (pixels, grid), [start] + [pad] * n + [end]
+        prompt = [tok.im_start_id] + head + list(rng.integers(10, 300, 6))
+        rows.append(Row(prompt, list(rng.integers(10, 300, 3)), np.zeros(3, np.float32)))
+        images.append(x)
+    b = batch_lib.collate(rows, np.ones(3), tok.pad_id, images=images, vl_cfg=model.cfg)
+    window = batch_lib.response_window(b.loss_mask_BT)
+    logp, _ = learner_lib.token_logprobs(
+        model, jnp.asarray(b.tokens_BT), jnp.asarray(b.attn_mask_BT), 1.0,
+        jnp.asarray(b.loss_mask_BT), window, jnp.asarray(b.positions_B3T),
+        jax.tree.map(jnp.asarray, b.vision))
+    for r, (row, x) in enumerate(zip(rows, images)):
+        ids = np.asarray([row.prompt_ids + row.response_ids])
+        pos, _, vis = qwen_vl.prepare(model.cfg, ids, None, *(x or (None, None)))
+        logits = qwen_vl.forward(model, jnp.asarray(ids), jnp.ones(ids.shape, jnp.int32),
+                                 jnp.asarray(pos), vis)
+        full = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+        p = len(row.prompt_ids)
+        want = [full[t - 1, ids[0, t]] for t in range(p, p + 3)]
+        np.testing.assert_allclose(np.asarray(logp)[r, p:p + 3], want, atol=2e-5)
+
+
+def test_skills_in_image(tok, model, pool):
+    """`skills_in_image`: the skill text is drawn above the history, not given as text."""
+    tasks = Chores.make_tasks("train", 1, 0, "random")
+    cfg = RolloutConfig(group_size=1, max_turns=2, prompt=PromptConfig(history_length=2),
+                        visual=dataclasses.replace(SMALL, skills_in_image=True))
+    context = "## Procedure\nuse the heater, then the basin"
+    res = rollout(None, tok, pool, tasks, cfg, jax.random.key(0), fmt=ThinkAction(),
+                  expert=True, skill_context=lambda t: context)
+    for s in res.samples:
+        assert s.counts["skill"] == 0 and s.image[0].startswith(context)
+    assert "[Action]" in res.samples[1].image[0]
+    plain = rollout(None, tok, pool, tasks, dataclasses.replace(cfg, visual=SMALL),
+                    jax.random.key(0), fmt=ThinkAction(), expert=True,
+                    skill_context=lambda t: context)
+    assert all(s.counts["skill"] > 0 and context not in s.image[0] for s in plain.samples)
