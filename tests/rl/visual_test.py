@@ -31,11 +31,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def model(tok):
-    start, pad, end = vision_ids(tok)
-    cfg = qwen_vl.PRESETS["tiny_vl"].replace(
-        vocab_size=tok.vocab_size, dtype="float32", image_token_id=pad, video_token_id=pad,
-        vision_start_token_id=start, vision_end_token_id=end)
-    return qwen_vl.create(cfg, None, seed=0)
+    return qwen_vl.create(_vl_cfg(tok), None, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +168,55 @@ def test_skills_in_image(tok, model, pool):
                     jax.random.key(0), fmt=ThinkAction(), expert=True,
                     skill_context=lambda t: context)
     assert all(s.counts["skill"] > 0 and context not in s.image[0] for s in plain.samples)
+
+
+def test_visual_update_on_a_mesh_matches_one_device(tok):
+    """A VL learner step with rows of different images (and one without) on a data x fsdp x
+    tensor mesh of 8 fake devices: the same loss and gradients as on one device."""
+    from flax import nnx
+
+    from skilljax import sharding
+
+    rng = np.random.default_rng(1)
+    start, pad, end = vision_ids(tok)
+
+    @dataclasses.dataclass
+    class Row:
+        prompt_ids: list
+        response_ids: list
+        logprobs: np.ndarray
+
+    rows, images = [], []
+    for k in (1, 3, 0, 2, 1, 4, 2, 0):
+        x, head = None, []
+        if k:
+            im = render.render_text("[Observation]: a desk [Action]: look\n" * k)
+            pixels, grid, n = SMALL.inputs(render.compress(im, 1.0 + k / 4))
+            x, head = (pixels, grid), [start] + [pad] * n + [end]
+        rows.append(Row([tok.im_start_id] + head + list(rng.integers(10, 300, 5)),
+                        list(rng.integers(10, 300, 3)), np.zeros(3, np.float32)))
+        images.append(x)
+    host = batch_lib.collate(rows, rng.normal(size=8), tok.pad_id, images=images,
+                             vl_cfg=_vl_cfg(tok))
+    window = batch_lib.response_window(host.loss_mask_BT)
+    cfg = learner_lib.LearnerConfig(learning_rate=1e-3, micro_batch_size=4)
+    results = []
+    for mesh in (None, sharding.make_mesh("data=2,fsdp=2,tensor=2")):
+        layout = None if mesh is None else sharding.Layout(mesh, "fsdp_tp")
+        model = qwen_vl.create(_vl_cfg(tok), layout, seed=0)
+        b = batch_lib.place_batch(batch_lib.to_host(host), layout)
+        metrics, grads = nnx.jit(learner_lib.accumulate_grads, static_argnums=(2, 3))(
+            model, b, cfg, window)
+        results.append((float(metrics["loss"]), jax.tree.leaves(grads)))
+    (l1, g1), (l8, g8) = results
+    assert l8 == pytest.approx(l1, rel=1e-5)
+    scale = max(float(jnp.abs(g).max()) for g in g1)
+    for a, b in zip(g8, g1):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * scale)
+
+
+def _vl_cfg(tok):
+    start, pad, end = vision_ids(tok)
+    return qwen_vl.PRESETS["tiny_vl"].replace(
+        vocab_size=tok.vocab_size, dtype="float32", image_token_id=pad, video_token_id=pad,
+        vision_start_token_id=start, vision_end_token_id=end)
