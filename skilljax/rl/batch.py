@@ -35,25 +35,54 @@ class Batch(NamedTuple):
     advantages_B: jax.Array
     ref_logp_BT: jax.Array | None = None
     # Qwen2.5-VL rows: M-RoPE positions per row and each row's own images, padded to one count of
-    # merge units (`qwen_vl.row_vision_inputs`); None for a text policy.
+    # merge units: on the host a `RowImages` (drawn when placed), on devices the
+    # `qwen_vl.VisionInputs` with rows first; None for a text policy.
     positions_B3T: jax.Array | None = None
-    vision: Any = None  # qwen_vl.VisionInputs with rows first
+    vision: Any = None
+
+
+class RowImages:
+    """Each row's images, loaded only when a (mini-)batch is placed: a batch of thousands of step
+    samples holds a few bytes per row on the host (e.g. the history text an image is drawn from),
+    not their pixel values. `load(source) -> (pixel_values, grid_thw)`; `units`: merge units every
+    row is padded to."""
+
+    def __init__(self, sources: Sequence, load, vcfg, units: int):
+        self.sources, self.load, self.vcfg, self.units = list(sources), load, vcfg, units
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, idx) -> "RowImages":
+        return RowImages([self.sources[i] for i in np.asarray(idx).reshape(-1)], self.load,
+                         self.vcfg, self.units)
+
+    def inputs(self):
+        """The rows' `qwen_vl.VisionInputs` (host arrays, rows first)."""
+        from skilljax.models import qwen_vl
+        return qwen_vl.row_vision_inputs([None if s is None else self.load(s)
+                                          for s in self.sources], self.vcfg, self.units)
 
 
 def _tree(f, x):
-    """`f` over the arrays of a field (an array, or the VisionInputs of `vision`)."""
+    """`f` over the arrays of a field (an array, or the VisionInputs of `vision`); `RowImages`
+    stay whole on the host and are drawn when placed."""
+    if isinstance(x, RowImages):
+        return x
     return jax.tree.map(f, x)
 
 
 def collate(samples: Sequence, advantages: Sequence[float], pad_id: int,
             length: int | None = None, multiple: int | None = None, *,
-            images: Sequence | None = None, vl_cfg=None) -> Batch:
+            images: Sequence | RowImages | None = None, vl_cfg=None,
+            grids: Sequence | None = None) -> Batch:
     """Step samples → right-padded host arrays (prompt then response per row), `length` tokens
     long, else the longest sample rounded up to a `multiple`, else its `bucket_length` (RL).
 
     `images` (a Qwen2.5-VL policy, with its config `vl_cfg`): each row's images as
-    (pixel_values, grid_thw) or None; the batch then carries M-RoPE positions and the rows'
-    vision inputs, their merge units padded to a `bucket_length` (few tower shapes per run)."""
+    (pixel_values, grid_thw) or None, or a `RowImages` with `grids` (each row's grid_thw or None:
+    the positions need only the sizes); the batch then carries M-RoPE positions and the rows'
+    images, their merge units padded to a `bucket_length` (few tower shapes per run)."""
     if not samples:
         raise ValueError("collate needs at least one step sample.")
     longest = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
@@ -78,13 +107,17 @@ def collate(samples: Sequence, advantages: Sequence[float], pad_id: int,
             raise ValueError("collate: images need the model's QwenVLConfig (vl_cfg) and one entry "
                              f"per sample ({b}), got {None if images is None else len(images)}.")
         m = vl_cfg.vision.spatial_merge_size
+        if not isinstance(images, RowImages):
+            grids = [None if x is None else x[1] for x in images]
+            images = RowImages(images, lambda x: x, vl_cfg.vision, 0)
+        if grids is None or len(grids) != b:
+            raise ValueError("collate: RowImages need each row's grid_thw (grids).")
         positions = np.zeros((b, 3, t), np.int32)
-        for r, x in enumerate(images):
-            positions[r] = qwen_vl.rope_index(tokens[r:r + 1], attn_mask[r:r + 1],
-                                              None if x is None else x[1], vl_cfg)[0][:, 0]
-        units = max([1] + [sum(vl_image.num_image_tokens(x[1], m)) for x in images
-                           if x is not None])
-        vision = qwen_vl.row_vision_inputs(images, vl_cfg.vision, bucket_length(units))
+        for r, grid in enumerate(grids):
+            positions[r] = qwen_vl.rope_index(tokens[r:r + 1], attn_mask[r:r + 1], grid,
+                                              vl_cfg)[0][:, 0]
+        units = max([1] + [sum(vl_image.num_image_tokens(g, m)) for g in grids if g is not None])
+        vision = RowImages(images.sources, images.load, vl_cfg.vision, bucket_length(units))
     return Batch(tokens, loss_mask, attn_mask, old_logp, np.asarray(advantages, np.float32),
                  positions_B3T=positions, vision=vision)
 
@@ -114,7 +147,8 @@ def response_window(loss_mask_BT) -> int | None:
 
 def rows(host: dict[str, np.ndarray], idx: np.ndarray, real: int) -> dict[str, np.ndarray]:
     """Rows `idx` of a host batch; rows past the first `real` carry no loss (padding)."""
-    mb = {k: _tree(lambda a: a[idx], v) for k, v in host.items()}
+    mb = {k: v[idx] if isinstance(v, RowImages) else _tree(lambda a: a[idx], v)
+          for k, v in host.items()}
     keep = np.arange(len(idx)) < real
     mb["loss_mask_BT"] = mb["loss_mask_BT"] * keep[:, None].astype(mb["loss_mask_BT"].dtype)
     mb["advantages_B"] = mb["advantages_B"] * keep.astype(mb["advantages_B"].dtype)
@@ -129,5 +163,11 @@ def place(x: np.ndarray, layout: shd.Layout | None) -> jax.Array:
         x.shape, ("batch",) + (None,) * (x.ndim - 1)))
 
 
+def place_field(v, layout: shd.Layout | None):
+    """One host field onto the mesh (`place` on each array); `RowImages` are drawn here."""
+    return jax.tree.map(lambda a: place(a, layout), v.inputs() if isinstance(v, RowImages) else v)
+
+
 def place_batch(host: dict[str, np.ndarray], layout: shd.Layout | None) -> Batch:
-    return Batch(**{k: _tree(lambda a: place(a, layout), v) for k, v in host.items()})
+    """Host fields onto the mesh, rows sharded over the batch axes."""
+    return Batch(**{k: place_field(v, layout) for k, v in host.items()})

@@ -98,7 +98,7 @@ def _batch(samples: Sequence[StepSample], pad_id: int, visual=None, vl_cfg=None)
 
 
 def _place(arrays, layout):
-    return [batch_lib._tree(lambda x: batch_lib.place(x, layout), a) for a in arrays]
+    return [batch_lib.place_field(a, layout) for a in arrays]
 
 
 def train(model: qwen.Qwen, samples: Sequence[StepSample], cfg: SFTConfig, pad_id: int,

@@ -13,8 +13,9 @@ shrinks the area of the image it is shown at step t + 1 (`rollout.parse_compress
 successful trajectories.
 
 A step sample keeps the history text and factor of its image (`StepSample.image`), not pixels: the
-learner renders them again (`batch_images`), identically, so thousands of step samples cost a few
-kilobytes each on the host.
+learner's batch carries only those (`collate_kw`: the sizes for the M-RoPE positions, the images
+as a `batch.RowImages`), and each mini-batch draws its rows' images again, identically, when it is
+placed, so thousands of step samples cost a few kilobytes each on the host.
 """
 
 from __future__ import annotations
@@ -140,19 +141,39 @@ def batch_images(samples: Sequence, cfg: VisualConfig) -> list[tuple[np.ndarray,
     from the history text and factor it keeps; one renderer over all, so lines shared by the
     samples of an episode are drawn once."""
     renderer = cfg.renderer()
-    out = []
-    for s in samples:
-        if s.image is None:
-            out.append(None)
-            continue
-        text, cf = s.image
-        pixels, grid, _ = cfg.inputs(renderer.image(text, cf))
-        out.append((pixels, grid))
-    return out
+    return [None if s.image is None else cfg.inputs(renderer.image(*s.image))[:2]
+            for s in samples]
+
+
+class _Drawer:
+    """(history text, cf) → (pixel_values, grid_thw), one renderer (and its line cache) for the
+    rows of a batch. Picklable, so a batch can travel between processes."""
+
+    def __init__(self, cfg: VisualConfig):
+        self.cfg, self.renderer = cfg, None
+
+    def __call__(self, source):
+        if self.renderer is None:
+            self.renderer = self.cfg.renderer()
+        return self.cfg.inputs(self.renderer.image(*source))[:2]
+
+    def grid(self, source) -> np.ndarray:
+        if self.renderer is None:
+            self.renderer = self.cfg.renderer()
+        image = self.renderer.image(*source)
+        h, w = vl_image.smart_resize(image.height, image.width,
+                                     self.cfg.patch_size * self.cfg.merge_size,
+                                     self.cfg.min_pixels, self.cfg.max_pixels)
+        return np.asarray([[1, h // self.cfg.patch_size, w // self.cfg.patch_size]], np.int64)
 
 
 def collate_kw(samples: Sequence, cfg: VisualConfig | None, model_cfg) -> dict:
     """`batch.collate`'s image arguments for these step samples ({} without `visual`)."""
     if cfg is None:
         return {}
-    return {"images": batch_images(samples, cfg), "vl_cfg": model_cfg}
+    from skilljax.rl.batch import RowImages
+    draw = _Drawer(cfg)
+    sources = [s.image for s in samples]
+    grids = [None if x is None else draw.grid(x) for x in sources]
+    return {"images": RowImages(sources, draw, model_cfg.vision, 0), "grids": grids,
+            "vl_cfg": model_cfg}

@@ -2,6 +2,7 @@
 Qwen2.5-VL policy on the chores env)."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -103,6 +104,13 @@ def test_sampled_visual_rollout_and_update(tok, model, pool):
     adv = np.linspace(-1, 1, len(res.samples))
     batch = batch_lib.collate(res.samples, adv, tok.pad_id,
                               **collate_kw(res.samples, SMALL, model.cfg))
+    # The batch holds only what the images are drawn from; a mini-batch draws them when placed.
+    assert isinstance(batch.vision, batch_lib.RowImages)
+    assert batch.vision.sources == [s.image for s in res.samples]
+    drawn = batch.vision[np.arange(len(res.samples))].inputs()
+    want = qwen_vl.row_vision_inputs(images, model.cfg.vision, batch.vision.units)
+    for a, b in zip(drawn, want):
+        np.testing.assert_array_equal(a, b)
     learner = learner_lib.Learner(model, learner_lib.LearnerConfig(
         learning_rate=1e-3, micro_batch_size=2, mini_batch_size=4, row_multiple=2))
     before = jax.tree.map(jnp.copy, learner.model.visual.patch_embed[...])
@@ -141,7 +149,7 @@ def test_learner_logprobs_match_the_model_per_row(tok, model):
     logp, _ = learner_lib.token_logprobs(
         model, jnp.asarray(b.tokens_BT), jnp.asarray(b.attn_mask_BT), 1.0,
         jnp.asarray(b.loss_mask_BT), window, jnp.asarray(b.positions_B3T),
-        jax.tree.map(jnp.asarray, b.vision))
+        jax.tree.map(jnp.asarray, b.vision.inputs()))
     for r, (row, x) in enumerate(zip(rows, images)):
         ids = np.asarray([row.prompt_ids + row.response_ids])
         pos, _, vis = qwen_vl.prepare(model.cfg, ids, None, *(x or (None, None)))
@@ -220,3 +228,23 @@ def _vl_cfg(tok):
     return qwen_vl.PRESETS["tiny_vl"].replace(
         vocab_size=tok.vocab_size, dtype="float32", image_token_id=pad, video_token_id=pad,
         vision_start_token_id=start, vision_end_token_id=end)
+
+
+def test_visual_needs_a_vl_policy_and_its_tokenizer(tok):
+    from skilljax import config as config_lib
+    from skilljax import experiment
+    from tests.conftest import ROOT
+    c = config_lib.load_config(str(ROOT / "configs" / "default.py") + ":runlocal",
+                               ["--config.visual.enabled=true"])
+    with pytest.raises(ValueError, match="needs a Qwen2.5-VL policy"):
+        experiment.build_model(c, tok)
+    c.model.checkpoint = "tiny_vl"
+    c.model.overrides.update(embed_dim=None, mlp_dim=None, num_heads=None, head_dim=None)
+    assert experiment.build_model(c, tok).cfg.image_token_id == vision_ids(tok)[1]
+    text_tok = Tokenizer.train(env_texts("chores", 5), vocab_size=300)
+    with pytest.raises(ValueError, match=re.escape("no <|vision_start|>")):
+        experiment.build_model(c, text_tok)
+    with pytest.raises(ValueError, match="visual.highlights"):
+        experiment.visual_config(config_lib.load_config(
+            str(ROOT / "configs" / "default.py"),
+            ["--config.visual.enabled=true", "--config.visual.highlights=[Action]"]))
