@@ -121,29 +121,35 @@ def test_sampled_visual_rollout_and_update(tok, model, pool):
     assert not np.allclose(before, learner.model.visual.patch_embed[...])  # the tower trains
 
 
+@dataclasses.dataclass
+class Row:
+    prompt_ids: list
+    response_ids: list
+    logprobs: np.ndarray
+
+
+def _image_rows(tok, counts, seed):
+    """Step-sample-like rows whose prompts open with an image of k history lines (none for 0),
+    and each row's (pixel_values, grid_thw)."""
+    rng = np.random.default_rng(seed)
+    start, pad, end = vision_ids(tok)
+    rows, images = [], []
+    for k in counts:
+        x, head = None, []
+        if k:
+            im = render.render_text("[Observation]: a desk [Action]: look\n" * k)
+            pixels, grid, n = SMALL.inputs(render.compress(im, 1.0 + k / 4))
+            x, head = (pixels, grid), [start] + [pad] * n + [end]
+        rows.append(Row([tok.im_start_id] + head + list(rng.integers(10, 300, 5)),
+                        list(rng.integers(10, 300, 3)), np.zeros(3, np.float32)))
+        images.append(x)
+    return rows, images
+
+
 def test_learner_logprobs_match_the_model_per_row(tok, model):
     """Rows of different images (and one without) in one batch: each row's response logprobs
     are those of the model on that row alone."""
-    rng = np.random.default_rng(0)
-    start, pad, end = vision_ids(tok)
-
-    @dataclasses.dataclass
-    class Row:
-        prompt_ids: list
-        response_ids: list
-        logprobs: np.ndarray
-
-    rows, images = [], []
-    for k in (1, 4, 0):
-        x = None
-        head = []
-        if k:
-            im = render.compress(render.render_text("[Observation]: a desk [Action]: look\n" * k), 1.5)
-            pixels, grid, n = SMALL.inputs(im)
-            x, head = (pixels, grid), [start] + [pad] * n + [end]
-        prompt = [tok.im_start_id] + head + list(rng.integers(10, 300, 6))
-        rows.append(Row(prompt, list(rng.integers(10, 300, 3)), np.zeros(3, np.float32)))
-        images.append(x)
+    rows, images = _image_rows(tok, (1, 4, 0), seed=0)
     b = batch_lib.collate(rows, np.ones(3), tok.pad_id, images=images, vl_cfg=model.cfg)
     window = batch_lib.response_window(b.loss_mask_BT)
     logp, _ = learner_lib.token_logprobs(
@@ -185,27 +191,9 @@ def test_visual_update_on_a_mesh_matches_one_device(tok):
 
     from skilljax import sharding
 
-    rng = np.random.default_rng(1)
-    start, pad, end = vision_ids(tok)
-
-    @dataclasses.dataclass
-    class Row:
-        prompt_ids: list
-        response_ids: list
-        logprobs: np.ndarray
-
-    rows, images = [], []
-    for k in (1, 3, 0, 2, 1, 4, 2, 0):
-        x, head = None, []
-        if k:
-            im = render.render_text("[Observation]: a desk [Action]: look\n" * k)
-            pixels, grid, n = SMALL.inputs(render.compress(im, 1.0 + k / 4))
-            x, head = (pixels, grid), [start] + [pad] * n + [end]
-        rows.append(Row([tok.im_start_id] + head + list(rng.integers(10, 300, 5)),
-                        list(rng.integers(10, 300, 3)), np.zeros(3, np.float32)))
-        images.append(x)
-    host = batch_lib.collate(rows, rng.normal(size=8), tok.pad_id, images=images,
-                             vl_cfg=_vl_cfg(tok))
+    rows, images = _image_rows(tok, (1, 3, 0, 2, 1, 4, 2, 0), seed=1)
+    advantages = np.random.default_rng(1).normal(size=8)
+    host = batch_lib.collate(rows, advantages, tok.pad_id, images=images, vl_cfg=_vl_cfg(tok))
     window = batch_lib.response_window(host.loss_mask_BT)
     cfg = learner_lib.LearnerConfig(learning_rate=1e-3, micro_batch_size=4)
     results = []
