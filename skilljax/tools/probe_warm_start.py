@@ -42,7 +42,8 @@ def probe(config, workdir) -> list[dict]:
                 groups[action_kind(s)].append(s)
         tokens = {k: sum(len(s.response_ids) for s in v) for k, v in groups.items()}
         # Each kind's share of the per-token mean: its mean NLL weighted by its tokens.
-        share = {k: sft.evaluate_nll(run.model, v, run.tok.pad_id) * tokens[k]
+        visual = run.rollout_config(evaluation=True).visual
+        share = {k: sft.evaluate_nll(run.model, v, run.tok.pad_id, visual=visual) * tokens[k]
                  / sum(tokens.values()) for k, v in sorted(groups.items())}
         row = dict(step=step, seconds=round(time.time() - t0, 1),
                    heldout_nll=round(sum(share.values()), 4),
