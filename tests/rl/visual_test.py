@@ -236,3 +236,20 @@ def test_visual_needs_a_vl_policy_and_its_tokenizer(tok):
         experiment.visual_config(config_lib.load_config(
             str(ROOT / "configs" / "default.py"),
             ["--config.visual.enabled=true", "--config.visual.highlights=[Action]"]))
+
+
+def test_swapped_images_keep_prompts_consistent(tok, pool):
+    """`tools.visual_reading.swap_images`: each sample gets another episode's image of the same
+    step, its image-pad run resized to match, the rest of the prompt unchanged."""
+    from skilljax.tools.visual_reading import swap_images
+    res = _visual_rollout(tok, None, pool, expert=True, n=3)
+    swapped = swap_images(res.samples, tok, SMALL)
+    start, pad, end = vision_ids(tok)
+    moved = 0
+    for s, t in zip(res.samples, swapped):
+        assert t.step == s.step and t.response_ids == s.response_ids
+        assert t.prompt_ids.count(pad) == SMALL.inputs(SMALL.renderer().image(*t.image))[2]
+        cut = lambda ids: (ids[:ids.index(start)], ids[ids.index(end):])
+        assert cut(t.prompt_ids) == cut(s.prompt_ids)
+        moved += t.image != s.image
+    assert moved > 0
