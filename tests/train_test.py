@@ -234,7 +234,7 @@ def test_help_lists_configs_their_arguments_and_overrides(tool):
                  "index=''", "variant: grpo | sequential | sage"):
         assert text in out, text
     assert config_lib.config_arguments(ROOT / "configs" / "default.py") == \
-        {"seed": 0, "runlocal": False, "variant": "curriculum"}
+        {"seed": 0, "runlocal": False, "variant": "curriculum", "visual": False}
 
 
 def test_evaluate_step_flag_and_the_old_name():
