@@ -167,18 +167,24 @@ def render_text(text: str, width: int = 392, font_size: int = 10,
 def compress(image: Image.Image, cf: float, padding: int = PADDING) -> Image.Image:
     """The image with its area shrunk by the factor `cf` ≥ 1 (each side by 1/√cf, LANCZOS, at
     least 28 px; cf = 1 leaves it as it is), then a white border of `padding` px."""
-    if not cf >= 1.0 or math.isinf(cf):
-        raise ValueError(f"compression factor {cf!r}: must be a finite number >= 1 (the parser "
-                         "clamps the agent's <compression> to [1, 5]).")
-    if cf > 1.0:
-        w = max(MIN_SIDE, int(image.width / math.sqrt(cf)))
-        h = max(MIN_SIDE, int(image.height / math.sqrt(cf)))
+    w, h = _shrunk(image.width, image.height, cf)
+    if (w, h) != image.size:
         image = image.resize((w, h), Image.Resampling.LANCZOS)
     if padding:
         out = Image.new("RGB", (image.width + 2 * padding, image.height + 2 * padding), WHITE)
         out.paste(image, (padding, padding))
         image = out
     return image
+
+
+def _shrunk(width: int, height: int, cf: float) -> tuple[int, int]:
+    """The size `compress` resizes to (before the border)."""
+    if not cf >= 1.0 or math.isinf(cf):
+        raise ValueError(f"compression factor {cf!r}: must be a finite number >= 1 (the parser "
+                         "clamps the agent's <compression> to [1, 5]).")
+    if cf == 1.0:
+        return width, height
+    return (max(MIN_SIDE, int(width / math.sqrt(cf))), max(MIN_SIDE, int(height / math.sqrt(cf))))
 
 
 class HistoryRenderer:
@@ -202,7 +208,7 @@ class HistoryRenderer:
     def reset(self) -> None:
         self._cache.clear()
 
-    def image(self, history: str, cf: float = 1.0) -> Image.Image:
+    def _strips(self, history: str) -> list[Image.Image]:
         strips = []
         for seg in segments(history):
             key = hashlib.sha1(seg.encode()).hexdigest()
@@ -213,4 +219,15 @@ class HistoryRenderer:
                 self._cache[key] = render_segment(seg, self.width, self.font_size,
                                                   self.highlights, self.max_height)
             strips.append(self._cache[key])
-        return compress(stack(strips, self.width), cf, self.padding)
+        return strips
+
+    def image(self, history: str, cf: float = 1.0) -> Image.Image:
+        return compress(stack(self._strips(history), self.width), cf, self.padding)
+
+    def size(self, history: str, cf: float = 1.0) -> tuple[int, int]:
+        """(width, height) of `image(history, cf)`, without stacking or resizing."""
+        strips = self._strips(history)
+        w, h = ((self.width, sum(s.height for s in strips)) if strips
+                else (MIN_SIDE, MIN_SIDE))
+        w, h = _shrunk(w, h, cf)
+        return w + 2 * self.padding, h + 2 * self.padding

@@ -92,3 +92,14 @@ def test_history_renderer_caches_segments_per_episode():
     r.reset()
     r.image(steps[0])
     assert r.misses == 4
+
+
+def test_size_without_drawing():
+    """`HistoryRenderer.size` gives the size `image` draws (the learner's M-RoPE positions need
+    only the size), for the blank, one and many lines, and factors that shrink or hit the floor."""
+    r = render.HistoryRenderer()
+    lines = "\n".join(f"[Observation]: step {i} of a long history [Action]: go to desk {i}"
+                      for i in range(12))
+    for history in ("", "[Observation]: hi [Action]: look", lines):
+        for cf in (1.0, 1.3, 2.0, 4.0, 5.0):
+            assert r.size(history, cf) == r.image(history, cf).size

@@ -233,8 +233,9 @@ class Learner:
     def _logprobs(self, model, mb: dict[str, np.ndarray], window: int | None) -> np.ndarray:
         b = mb["tokens_BT"].shape[0]
         micro = self.cfg.micro_batch_size or b
-        part = batch_lib.place_batch({k: v for k, v in mb.items() if k != "ref_logp_BT"},
-                                     self.model.layout)
+        put = lambda k: batch_lib.place_field(mb[k], self.model.layout) if k in mb else None
+        part = Batch(put("tokens_BT"), put("loss_mask_BT"), put("attn_mask_BT"), None, None,
+                     positions_B3T=put("positions_B3T"), vision=put("vision"))
         return to_host(_policy_logprobs(model, part, self.cfg.temperature, window,
                                         micro if b % micro == 0 else b))
 

@@ -136,33 +136,20 @@ def compression_suffix(instruction: str) -> str:
             "tokens but makes the image harder to read (e.g. <compression>1.1</compression>).")
 
 
-def batch_images(samples: Sequence, cfg: VisualConfig) -> list[tuple[np.ndarray, np.ndarray] | None]:
-    """Each step sample's image as (pixel_values, grid_thw) (None for a text sample), drawn again
-    from the history text and factor it keeps; one renderer over all, so lines shared by the
-    samples of an episode are drawn once."""
-    renderer = cfg.renderer()
-    return [None if s.image is None else cfg.inputs(renderer.image(*s.image))[:2]
-            for s in samples]
-
-
 class _Drawer:
     """(history text, cf) → (pixel_values, grid_thw), one renderer (and its line cache) for the
-    rows of a batch. Picklable, so a batch can travel between processes."""
+    rows of a batch: lines an episode's samples share are drawn once."""
 
     def __init__(self, cfg: VisualConfig):
-        self.cfg, self.renderer = cfg, None
+        self.cfg, self.renderer = cfg, cfg.renderer()
 
     def __call__(self, source):
-        if self.renderer is None:
-            self.renderer = self.cfg.renderer()
         return self.cfg.inputs(self.renderer.image(*source))[:2]
 
     def grid(self, source) -> np.ndarray:
-        if self.renderer is None:
-            self.renderer = self.cfg.renderer()
-        image = self.renderer.image(*source)
-        h, w = vl_image.smart_resize(image.height, image.width,
-                                     self.cfg.patch_size * self.cfg.merge_size,
+        """grid_thw of the image, from its size alone (no stacking, resizing or pixel values)."""
+        width, height = self.renderer.size(*source)
+        h, w = vl_image.smart_resize(height, width, self.cfg.patch_size * self.cfg.merge_size,
                                      self.cfg.min_pixels, self.cfg.max_pixels)
         return np.asarray([[1, h // self.cfg.patch_size, w // self.cfg.patch_size]], np.int64)
 

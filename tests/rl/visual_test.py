@@ -12,11 +12,11 @@ import pytest
 from skilljax import render
 from skilljax.envs.chores import Chores
 from skilljax.envs.pool import EnvPool
-from skilljax.models import qwen_vl
+from skilljax.models import qwen_vl, vl_image
 from skilljax.rl import batch as batch_lib
 from skilljax.rl import learner as learner_lib
 from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, rollout
-from skilljax.rl.visual import (VISION_SPECIALS, VisualConfig, batch_images, collate_kw,
+from skilljax.rl.visual import (VISION_SPECIALS, VisualConfig, collate_kw,
                                 parse_highlights, vision_ids)
 from skilljax.sampling import Sampler, SamplingParams
 from skilljax.tokenizer import Tokenizer
@@ -95,15 +95,16 @@ def test_sampled_visual_rollout_and_update(tok, model, pool):
     for s in res.samples:
         assert pad not in s.response_ids  # vision ids are never sampled
         assert 1.0 <= s.compression <= 5.0
-    # Images are drawn again for the learner, exactly as shown.
-    images = batch_images(res.samples, SMALL)
+    # The batch's image sizes (taken without drawing) are those of the images as drawn, and
+    # match the image-pad runs the sampler was given.
+    kw = collate_kw(res.samples, SMALL, model.cfg)
     renderer = SMALL.renderer()
-    for s, (pixels, grid) in zip(res.samples, images):
-        want, _, _ = SMALL.inputs(renderer.image(*s.image))
-        np.testing.assert_array_equal(pixels, want)
+    images = [SMALL.inputs(renderer.image(*s.image))[:2] for s in res.samples]
+    for s, size, (_, grid) in zip(res.samples, kw["grids"], images):
+        np.testing.assert_array_equal(size, grid)
+        assert s.prompt_ids.count(pad) == sum(vl_image.num_image_tokens(grid))
     adv = np.linspace(-1, 1, len(res.samples))
-    batch = batch_lib.collate(res.samples, adv, tok.pad_id,
-                              **collate_kw(res.samples, SMALL, model.cfg))
+    batch = batch_lib.collate(res.samples, adv, tok.pad_id, **kw)
     # The batch holds only what the images are drawn from; a mini-batch draws them when placed.
     assert isinstance(batch.vision, batch_lib.RowImages)
     assert batch.vision.sources == [s.image for s in res.samples]
