@@ -28,6 +28,7 @@ import numpy as np
 from skilljax import distributed
 from skilljax.envs.base import Task
 from skilljax.envs.pool import EnvPool
+from skilljax.models import vl_image
 from skilljax.sampling import Sampler, SampleOutput, SamplingParams
 from skilljax.tokenizer import IM_END, IM_START, Tokenizer
 
@@ -337,15 +338,19 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         live = [i for i, t in enumerate(trajs) if not t.done]
         if not (distributed.any_process(bool(live)) if collective else live):
             break
-        shown: dict[int, tuple] = {}  # visual: (history text, cf, pixel values, grid) per episode
+        shown: dict[int, tuple] = {}  # visual: (history text, cf[, pixel values, grid])
 
         def draw(i):
             def image(records):
                 text = "\n".join(([contexts[i]] if in_image else [])
                                  + [line(o, a) for o, a in records])
-                pixels, grid, pads = visual.inputs(renderers[i].image(text, cf_next[i]))
-                shown[i] = (text, cf_next[i], pixels, grid)
-                return pads
+                if expert:  # the prompt needs only the image's size
+                    shown[i] = (text, cf_next[i])
+                    grid = visual.grid(renderers[i].size(text, cf_next[i]))
+                else:
+                    pixels, grid, _ = visual.inputs(renderers[i].image(text, cf_next[i]))
+                    shown[i] = (text, cf_next[i], pixels, grid)
+                return sum(vl_image.num_image_tokens(grid, visual.merge_size))
             return image
 
         prompts = [build_prompt(tok, cfg.prompt, fmt, goal=goal[i], observation=obs[i],

@@ -93,6 +93,13 @@ class VisualConfig:
             temporal_patch_size=self.temporal_patch_size)
         return pixels, grid, sum(vl_image.num_image_tokens(grid, self.merge_size))
 
+    def grid(self, size: tuple[int, int]) -> np.ndarray:
+        """grid_thw of an image of `size` (width, height) after the processor's resize."""
+        width, height = size
+        h, w = vl_image.smart_resize(height, width, self.patch_size * self.merge_size,
+                                     self.min_pixels, self.max_pixels)
+        return np.asarray([[1, h // self.patch_size, w // self.patch_size]], np.int64)
+
     def check_model(self, model_cfg) -> None:
         """A clear error when the policy cannot read these images."""
         from skilljax.models import qwen_vl
@@ -148,10 +155,7 @@ class _Drawer:
 
     def grid(self, source) -> np.ndarray:
         """grid_thw of the image, from its size alone (no stacking, resizing or pixel values)."""
-        width, height = self.renderer.size(*source)
-        h, w = vl_image.smart_resize(height, width, self.cfg.patch_size * self.cfg.merge_size,
-                                     self.cfg.min_pixels, self.cfg.max_pixels)
-        return np.asarray([[1, h // self.cfg.patch_size, w // self.cfg.patch_size]], np.int64)
+        return self.cfg.grid(self.renderer.size(*source))
 
 
 def collate_kw(samples: Sequence, cfg: VisualConfig | None, model_cfg) -> dict:
