@@ -131,11 +131,6 @@ def image_prompt_ids(tok, pads: int) -> list[int]:
     return [start] + [pad] * pads + [end]
 
 
-def history_text(lines: Sequence[str]) -> str:
-    """The text an image shows: one history line per past step."""
-    return "\n".join(lines)
-
-
 def compression_suffix(instruction: str) -> str:
     """The response-format instruction with SKILL0's compression request after it."""
     return (f"{instruction} After it, choose a compression factor of 1.0 or more for your next "
