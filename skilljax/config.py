@@ -29,7 +29,7 @@ _MODEL_FIELDS = dict(vocab_size=int, embed_dim=int, mlp_dim=int, num_layers=int,
                      num_kv_heads=int, head_dim=int, model_type=str, rope_theta=float,
                      rms_norm_eps=float, tie_embeddings=bool, qkv_bias=bool, out_bias=bool,
                      qk_norm=bool, max_position_embeddings=int, initializer_range=float,
-                     attention_block=int)
+                     attention_block=int, logits_block=int)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -67,6 +67,7 @@ def base_config() -> ml_collections.ConfigDict:
     )
     c.sampler = dict(
         max_batch=128,                # rows per generate chunk (bounds the KV cache); 0 = all
+        share_prefix_min=16,          # prompts sharing >= this many leading tokens prefill them once; 0 = off
     )
     c.prompt = dict(
         role="",                      # first line of every prompt ("" = none)

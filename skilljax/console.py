@@ -48,7 +48,8 @@ class _Handler(logging.Handler):
 
 
 def setup(progress: str = "auto") -> None:
-    """Installs the line format on the "skilljax" logger (once) and sets the bar mode."""
+    """Installs the line format on the "skilljax" logger (once), which then writes its lines
+    alone (not also through the root logger's handlers), and sets the bar mode."""
     if progress not in PROGRESS:
         raise ValueError(f"metrics.progress={progress!r}: use one of {PROGRESS} "
                          "(\"auto\": bars only when stderr is a terminal).")
@@ -58,6 +59,9 @@ def setup(progress: str = "auto") -> None:
         handler.setFormatter(_Format())
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
+    # The entry points own the process's output: a root handler (absl installs one on the first
+    # message a dependency logs, e.g. orbax at import) would print every line a second time.
+    logger.propagate = False
 
 
 def set_step(step: int | None) -> None:

@@ -350,7 +350,8 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
     except BaseException:
         pool.close()
         raise
-    sampler = Sampler(model, pad_id=tok.pad_id, max_batch=c.sampler.max_batch or None)
+    sampler = Sampler(model, pad_id=tok.pad_id, max_batch=c.sampler.max_batch or None,
+                      share_prefix_min=c.sampler.share_prefix_min)
     return Run(c, workdir, pool, bank, tok, model, sampler, fmt, train_tasks, val_tasks, test_tasks)
 
 

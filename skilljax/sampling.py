@@ -244,6 +244,76 @@ def _prefill(graphdef, state, cache, tokens_BP, mask_BP, positions_B3P=None, vis
     return model.logits(h_BPD[:, -1:])[:, 0], cache
 
 
+def _prefill_shared(graphdef, state, cache, prefix_UQ, prefix_mask_UQ, row_prefix_B, suffix_BR,
+                    mask_BP):
+    """`_prefill` for rows that share prompt prefixes: each of the U distinct prefixes [U, Q] runs
+    once, its keys and values are copied into the cache rows of the prompts that start with it
+    (`row_prefix_B`), and each row's own suffix [B, R] runs over them at slots Q.. (`mask_BP`: the
+    whole prompts' mask [B, Q + R], prefix part first). Positions count real tokens as in
+    `_prefill`, so a row's keys, values and logits are those of its whole prompt."""
+    model = nnx.merge(graphdef, state)
+    (u, q), (b, r), s = prefix_UQ.shape, suffix_BR.shape, cache.k_LBKSH.shape[3]
+    layers, _, kv, _, h = cache.k_LBKSH.shape
+    put = lambda x: shd.constrain(x, qwen.CACHE_AXES, model.layout)
+    small = qwen.LayerCache(*(put(jnp.zeros((layers, u, kv, q, h), c.dtype)) for c in cache))
+    causal_QQ = jnp.tril(jnp.ones((q, q), bool))
+    _, small = model.hidden(prefix_UQ, qwen.positions_from_mask(prefix_mask_UQ),
+                            causal_QQ[None] & prefix_mask_UQ.astype(bool)[:, None, :], small, 0)
+    cache = qwen.LayerCache(*(jax.lax.dynamic_update_slice(c, put(x[:, row_prefix_B]), (0,) * 5)
+                              for c, x in zip(cache, small)))
+    valid_BS = jnp.zeros((b, s), bool).at[:, :q + r].set(mask_BP.astype(bool))
+    causal_RS = jnp.arange(s)[None, :] <= (q + jnp.arange(r))[:, None]
+    h_BRD, cache = model.hidden(suffix_BR, qwen.positions_from_mask(mask_BP)[:, q:],
+                                causal_RS[None] & valid_BS[:, None, :], cache, q)
+    return model.logits(h_BRD[:, -1:])[:, 0], cache
+
+
+def share_prefixes(token_ids: Sequence[Sequence[int]], min_shared: int = 16
+                   ) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+    """Groups of prompts that start alike, and the prefix each group runs once: (the distinct
+    prefixes, each prompt's prefix index, each prompt's prefix length).
+
+    Prompts are sorted, so those that share a prefix are neighbours; a run of neighbours saves
+    (size - 1) × (its shortest common prefix) tokens. Runs are split at their weakest link (a
+    Cartesian tree over the neighbours' common-prefix lengths) wherever the two halves save more
+    apart: a task's G rollouts keep their task and skill text, and two tasks that share only the
+    chat template are not merged. A prefix stays one token shorter than each of its prompts (the
+    last token's row gives the logits); common prefixes under `min_shared` tokens count as none, and
+    a prompt in no group is its own prefix but its last token."""
+    n = len(token_ids)
+    order = sorted(range(n), key=lambda i: token_ids[i])
+
+    def common(a, b):
+        m = min(len(a), len(b)) - 1  # each keeps its last token
+        diff = np.flatnonzero(np.asarray(a[:m]) != np.asarray(b[:m]))
+        c = int(diff[0]) if diff.size else m
+        return c if c >= min_shared else 0
+
+    lcp = np.array([common(token_ids[i], token_ids[j]) for i, j in zip(order, order[1:])], np.int64)
+    best: dict[tuple[int, int], tuple[int, list[tuple[int, int]]]] = {}
+    stack = [(0, n, False)]
+    while stack:  # post-order over the Cartesian tree of `lcp` (no recursion limit)
+        lo, hi, expanded = stack.pop()
+        if hi - lo == 1:
+            best[lo, hi] = (0, [(lo, hi)])
+            continue
+        k = lo + int(np.argmin(lcp[lo:hi - 1]))
+        if not expanded:
+            stack += [(lo, hi, True), (lo, k + 1, False), (k + 1, hi, False)]
+            continue
+        (s_left, c_left), (s_right, c_right) = best.pop((lo, k + 1)), best.pop((k + 1, hi))
+        whole = (hi - lo - 1) * int(lcp[k])
+        best[lo, hi] = ((whole, [(lo, hi)]) if whole > s_left + s_right
+                        else (s_left + s_right, c_left + c_right))
+    prefixes, row_prefix, row_len = [], np.zeros(n, np.int32), np.zeros(n, np.int32)
+    for lo, hi in best[0, n][1]:
+        rows = order[lo:hi]
+        length = int(lcp[lo:hi - 1].min()) if hi - lo > 1 else len(token_ids[rows[0]]) - 1
+        row_prefix[rows], row_len[rows] = len(prefixes), length
+        prefixes.append(list(token_ids[rows[0]][:length]))
+    return prefixes, row_prefix, row_len
+
+
 def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, knobs: _Knobs,
             max_new: int, max_top_k: int, delta_B=None):
     """The decode loop. `delta_B` (M-RoPE models): each row's rope delta, so that generated token
@@ -314,12 +384,16 @@ class Sampler:
     The model is read at every call, so a learner that updates it in place is sampled from as is.
     `max_batch`: rows per chunk (None: the whole batch at once). `gather_weights=False` keeps the
     training layout for decoding (for measurements). `image_kw`: `vl_image.preprocess` keywords
-    (min_pixels, max_pixels) for prompts whose images come as PIL images.
+    (min_pixels, max_pixels) for prompts whose images come as PIL images. `share_prefix_min`:
+    prompts of a chunk that share at least this many leading tokens (a task's G rollouts: its
+    whole first prompt, then the task and skill text of every turn) prefill the shared part once
+    (`share_prefixes`, `_prefill_shared`; 0 = off; text prompts only). `last_timing` counts the
+    prompt tokens (`prefill_tokens`) and those the model ran (`prefill_tokens_computed`).
     """
 
     def __init__(self, model: qwen.Qwen, *, pad_id: int = 0, max_top_k: int = 64,
                  cache_dtype=None, max_batch: int | None = None, gather_weights: bool = True,
-                 image_kw: Mapping[str, Any] | None = None):
+                 image_kw: Mapping[str, Any] | None = None, share_prefix_min: int = 16):
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}.")
         self.vl = isinstance(model.cfg, qwen_vl.QwenVLConfig)
@@ -332,6 +406,9 @@ class Sampler:
         if self.vl and pad_id == model.cfg.image_token_id:
             raise ValueError(f"pad_id {pad_id} is the image-pad token id.")
         self.image_kw = dict(image_kw or {})  # vl_image.preprocess keywords for PIL images
+        if share_prefix_min < 0:
+            raise ValueError(f"share_prefix_min must be >= 0 (0 = off), got {share_prefix_min}.")
+        self.share_prefix_min = share_prefix_min
         self.model = model
         self.pad_id, self.max_top_k = pad_id, max_top_k
         self.cache_dtype, self.max_batch = cache_dtype, max_batch
@@ -353,6 +430,7 @@ class Sampler:
                 out_shardings=shardings)
         self._cache: tuple[tuple[int, int], qwen.LayerCache] | None = None
         self._prefill = jax.jit(_prefill, static_argnums=0, donate_argnums=2)
+        self._prefill_shared = jax.jit(_prefill_shared, static_argnums=0, donate_argnums=2)
         self._decode = jax.jit(_decode, static_argnums=(0, 8, 9), donate_argnums=2)
         self.last_timing: dict[str, float] = {}
 
@@ -533,6 +611,36 @@ class Sampler:
                             np.concatenate([o.lengths for o in outs]), cat("finish_reasons"),
                             cat("sampling_logprobs") if params.return_sampling_logprobs else None)
 
+    def _share_plan(self, token_ids: list[list[int]], b: int, p: int, n: int):
+        """The shared-prefix prefill of a chunk (`_prefill_shared`), or None where it would not
+        save a quarter of the padded prefill tokens (or would stretch the cache by over half the
+        prompt bucket): (prompt mask [b, Q + R], cache length, its device arguments but the mask,
+        prompt tokens it computes)."""
+        prefixes, row_prefix, row_len = share_prefixes(token_ids, self.share_prefix_min)
+        row_len = row_len.tolist()
+        u = self._batch_bucket(len(prefixes))
+        q = bucket_length(max(len(x) for x in prefixes))
+        r = bucket_length(max(len(t) - l for t, l in zip(token_ids, row_len)))
+        if u * q + b * r > 0.75 * b * p or q + r > p + p // 2:
+            return None
+        prefix = np.full((u, q), self.pad_id, np.int32)
+        prefix_mask = np.zeros((u, q), np.int32)
+        for k, x in enumerate(prefixes):  # filler prefix rows: all padding, never read
+            prefix[k, q - len(x):], prefix_mask[k, q - len(x):] = x, 1
+        suffix = np.full((b, r), self.pad_id, np.int32)
+        suffix_mask = np.zeros((b, r), np.int32)
+        rows = np.zeros(b, np.int32)  # filler rows: prefix 0 and one fake token; they start done
+        rows[:len(token_ids)] = row_prefix
+        for i, (t, l) in enumerate(zip(token_ids, row_len)):
+            suffix[i, r - len(t) + l:], suffix_mask[i, r - len(t) + l:] = t[l:], 1
+        suffix_mask[len(token_ids):, -1] = 1
+        mask = np.concatenate([prefix_mask[rows], suffix_mask], axis=1)
+        computed = (sum(len(prefixes[k]) for k in set(row_prefix.tolist()))
+                    + int(sum(len(t) - l for t, l in zip(token_ids, row_len))))
+        args = (self._put(prefix, ("batch", "seq")), self._put(prefix_mask, ("batch", "seq")),
+                self._put(rows, ("batch",)), self._put(suffix, ("batch", "seq")))
+        return mask, q + r + n, args, computed
+
     def _vision_args(self, tokens: np.ndarray, mask: np.ndarray, images: list[PromptImages],
                      units: int):
         """Prefill extras of a chunk with images: (M-RoPE positions [B, 3, P], tower inputs padded
@@ -558,6 +666,10 @@ class Sampler:
         tokens, mask, s, n = self.prepare(token_ids, params.max_new_tokens, batch=batch,
                                           prompt_len=prompt_len)
         b = tokens.shape[0]
+        shared = (None if images is not None or not self.share_prefix_min
+                  else self._share_plan(token_ids, b, tokens.shape[1], n))
+        if shared is not None:
+            mask, s, shared_args, computed = shared
         cache = self._take_cache(b, s)
         stop = np.full(MAX_STOP_IDS, -1, np.int32)
         stop[:len(params.stop_token_ids)] = params.stop_token_ids
@@ -577,7 +689,12 @@ class Sampler:
             delta = (delta_d,)
 
         t0 = time.perf_counter()
-        logits, cache = self._prefill(self.graphdef, state, cache, tokens_d, mask_d, *vision_args)
+        if shared is None:
+            logits, cache = self._prefill(self.graphdef, state, cache, tokens_d, mask_d,
+                                          *vision_args)
+            computed = int(mask[:len(token_ids)].sum())
+        else:
+            logits, cache = self._prefill_shared(self.graphdef, state, cache, *shared_args, mask_d)
         logits.block_until_ready()
         t1 = time.perf_counter()
         cache, out_tokens, logp, slogp, lengths, stopped = self._decode(
@@ -589,6 +706,7 @@ class Sampler:
         self._cache = ((b, s), cache)
         self.last_timing = {"prefill_s": t1 - t0, "decode_s": t2 - t1,
                             "prefill_tokens": int(mask[:len(token_ids)].sum()),
+                            "prefill_tokens_computed": computed,
                             "decode_tokens": int(lengths[:len(token_ids)].sum())}
 
         rows = range(len(token_ids))

@@ -7,6 +7,14 @@ import pytest
 from skilljax import console
 
 
+@pytest.fixture(autouse=True)
+def propagation_restored():
+    """`console.setup` (an entry point's) stops the skilljax logger propagating; later tests in
+    this process read its records through pytest's root handler."""
+    yield
+    console.logger.propagate = True
+
+
 def test_lines_name_level_time_process_and_step(capsys):
     console.setup("off")
     console.set_step(None)

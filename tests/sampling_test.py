@@ -333,3 +333,55 @@ def test_banned_ids_are_never_drawn():
         np.testing.assert_allclose(np.asarray(logp), np.asarray(full)[token], rtol=1e-6)
         if temperature == 0.0 or top_p == 0.5:  # id 1 alone holds > half the allowed mass
             assert (token == 1).all()
+
+
+def test_share_prefixes_groups_prompts_that_start_alike():
+    a, b = list(range(10, 40)), list(range(100, 120))
+    prompts = [a + [1, 2], b + [5], a + [3], a, [7] * 5, b + [6, 6], [9] * 40]
+    prefixes, row_prefix, row_len = sampling.share_prefixes(prompts, min_shared=16)
+    # a's three prompts share a[:29] (a itself keeps its last token), b's two share b; a prompt
+    # with no partner is its own prefix but the last token.
+    assert row_len.tolist() == [29, 20, 29, 29, 4, 20, 39]
+    assert [prefixes[k] for k in row_prefix] == [a[:29], b, a[:29], a[:29], [7] * 4, b, [9] * 39]
+    assert len(prefixes) == 4
+    # Under min_shared, b's 20 shared tokens count as none.
+    assert sampling.share_prefixes(prompts, min_shared=21)[2].tolist() == [29, 20, 29, 29, 4, 21, 39]
+    assert sampling.share_prefixes([a, a, a])[2].tolist() == [29] * 3
+    # Two tasks behind one 20-token template: each task's rollouts share their whole prompt,
+    # not just the template the two tasks have in common.
+    template = [1] * 20
+    task_a, task_b = template + list(range(30, 60)), template + list(range(60, 90))
+    prefixes, row_prefix, row_len = sampling.share_prefixes([task_a, task_b] * 4)
+    assert sorted(map(tuple, prefixes)) == [tuple(task_a[:-1]), tuple(task_b[:-1])]
+    assert row_prefix.tolist() == [row_prefix[0], row_prefix[1]] * 4 and row_len.tolist() == [49] * 8
+
+
+@pytest.mark.parametrize("mesh_spec", [None, "data=2,fsdp=2,tensor=2"])
+def test_shared_prefix_prefill_samples_as_the_unshared_path(checkpoints, mesh_spec):
+    """A task's G rollouts: identical first prompts, then prompts that share the task text. The
+    shared prefill runs each prefix once and gives the same tokens and logprobs."""
+    path = checkpoints["qwen3"][0]
+    kw = {} if mesh_spec is None else dict(mesh=sharding.make_mesh(mesh_spec), layout="fsdp_tp")
+    _, model = models.load(path, **kw)
+    rng = np.random.default_rng(0)
+    tasks = [rng.integers(8, 160, 40).tolist() for _ in range(4)]
+    first = [t for t in tasks for _ in range(4)]
+    later = [t + rng.integers(8, 160, int(rng.integers(1, 20))).tolist() for t in first]
+    keys = jax.random.split(jax.random.key(3), len(first))
+    for prompts in (first, later):
+        for params in (SamplingParams(max_new_tokens=10, temperature=1.0, top_k=20),
+                       SamplingParams(max_new_tokens=10, temperature=0.0, stop_token_ids=(EOS,))):
+            plain = Sampler(model, share_prefix_min=0).generate(prompts, params, keys)
+            sampler = Sampler(model)
+            shared = sampler.generate(prompts, params, keys)
+            assert shared.token_ids == plain.token_ids
+            assert shared.finish_reasons == plain.finish_reasons
+            for x, y in zip(shared.logprobs, plain.logprobs):
+                np.testing.assert_allclose(x, y, atol=1e-5)
+            timing = sampler.last_timing
+            assert timing["prefill_tokens"] == sum(map(len, prompts))
+            shared_len = 39 if prompts is first else 40  # a prompt keeps its last token
+            assert timing["prefill_tokens_computed"] == 4 * shared_len + sum(
+                len(p) - shared_len for p in prompts)
+    with pytest.raises(ValueError, match="share_prefix_min"):
+        Sampler(model, share_prefix_min=-1)

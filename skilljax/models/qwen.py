@@ -77,6 +77,10 @@ class QwenConfig:
     # Queries attend in blocks of this many positions when a pass has more (and a multiple):
     # scores of one block at a time, [B, N, block, S], instead of [B, N, T, S]. 0 = never.
     attention_block: int = 512
+    # Training log-probabilities project onto the vocabulary this many positions at a time
+    # ([B, block, V] logits, recomputed in the backward pass; `rl.learner.token_logprobs`), so
+    # the [B, T, V] logits of a long response never exist at once. 0 = all positions together.
+    logits_block: int = 256
     lora_rank: int = 0  # 0: no adapters
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = LORA_TARGETS

@@ -189,9 +189,11 @@ def _concat(results: Sequence[RolloutResult]) -> RolloutResult:
         for t in res.trajectories:
             trajs.append(dataclasses.replace(t, samples=[base + i for i in t.samples]))
         samples += [dataclasses.replace(s, episode=s.episode + offset) for s in res.samples]
-    slowest = lambda key: sum(r.stats.get(key, 0.0) for r in results)
-    return RolloutResult(samples, trajs, _stats(samples, trajs, slowest("wall_s"),
-                                                slowest("env_s"), slowest("sample_s")))
+    total = lambda key: sum(r.stats.get(key, 0.0) for r in results)  # positions run in turn
+    stats = _stats(samples, trajs, total("wall_s"), total("env_s"), total("sample_s"))
+    stats.update({k: total(k) for k in ("prefill_tokens", "prefill_tokens_saved")
+                  if any(k in r.stats for r in results)})
+    return RolloutResult(samples, trajs, stats)
 
 
 def chain_stats(result: RolloutResult, chains: Sequence[Chain]) -> dict[str, float]:

@@ -91,22 +91,35 @@ def token_logprobs(model: qwen.Qwen, tokens_BT, attn_mask_BT, temperature: float
     images = {} if vision is None else {"vision": vision}
     h_BTD, _ = model.hidden(tokens_BT, positions, qwen.causal_mask(attn_mask_BT), **images)
     if window is None:
-        logits_BTV = model.logits(h_BTD).astype(jnp.float32) / temperature
-        logp_BTV = jax.nn.log_softmax(logits_BTV[:, :-1], axis=-1)
-        logp_BT = jnp.take_along_axis(logp_BTV, tokens_BT[:, 1:, None], axis=-1)[..., 0]
-        entropy_BT = -jnp.sum(jnp.exp(logp_BTV) * logp_BTV, axis=-1)
         pad = lambda x: jnp.pad(x, ((0, 0), (1, 0)))
-        return pad(logp_BT), pad(entropy_BT)
+        return tuple(map(pad, _scored(model, h_BTD[:, :-1], tokens_BT[:, 1:], temperature)))
     start_B = jnp.maximum(jnp.argmax(loss_mask_BT > 0, axis=1), 1)  # first response token
     idx_BR = start_B[:, None] + jnp.arange(window)[None]  # the tokens scored
     h_BRD = jnp.take_along_axis(h_BTD, jnp.clip(idx_BR - 1, 0, t - 1)[..., None], axis=1)
-    logp_BRV = jax.nn.log_softmax(model.logits(h_BRD) / temperature, axis=-1)
     tok_BR = jnp.take_along_axis(tokens_BT, jnp.clip(idx_BR, 0, t - 1), axis=1)
-    logp_BR = jnp.take_along_axis(logp_BRV, tok_BR[..., None], axis=-1)[..., 0]
-    entropy_BR = -jnp.sum(jnp.exp(logp_BRV) * logp_BRV, axis=-1)
+    logp_BR, entropy_BR = _scored(model, h_BRD, tok_BR, temperature)
     rows_B1 = jnp.arange(b)[:, None]
     scatter = lambda x_BR: jnp.zeros((b, t), x_BR.dtype).at[rows_B1, idx_BR].set(x_BR, mode="drop")
     return scatter(logp_BR), scatter(entropy_BR)
+
+
+def _scored(model: qwen.Qwen, h_BRD, tok_BR, temperature: float):
+    """(log-probability, entropy) [B, R] of each token under the logits of the hidden state before
+    it. With `cfg.logits_block` the vocabulary projection runs that many positions at a time
+    (each block recomputed in the backward pass): [B, block, V] logits, never [B, R, V]."""
+    def score(h_BKD, tok_BK):
+        logp_BKV = jax.nn.log_softmax(model.logits(h_BKD) / temperature, axis=-1)
+        return (jnp.take_along_axis(logp_BKV, tok_BK[..., None], axis=-1)[..., 0],
+                -jnp.sum(jnp.exp(logp_BKV) * logp_BKV, axis=-1))
+
+    (b, r), block = tok_BR.shape, model.cfg.logits_block
+    if not block or r <= block:
+        return score(h_BRD, tok_BR)
+    pad = -r % block
+    split = lambda x: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2)).reshape(
+        b, -1, block, *x.shape[2:]).swapaxes(0, 1)
+    out = jax.lax.map(jax.checkpoint(lambda xs: score(*xs)), (split(h_BRD), split(tok_BR)))
+    return tuple(x.swapaxes(0, 1).reshape(b, -1)[:, :r] for x in out)
 
 
 def _loss_terms(model, batch: Batch, cfg: LearnerConfig, window: int | None = None):

@@ -314,6 +314,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     t_start = time.perf_counter()
     resets = pool.reset([t.task for t in trajs], [t.seed for t in trajs]) if trajs else []
     env_s, sample_s = time.perf_counter() - t_start, 0.0
+    prefill = dict(prefill_tokens=0, prefill_tokens_saved=0)  # the sampler's, over the whole batch
     obs, admissible, goal, history, state = {}, {}, {}, {}, {}
     for i, r in enumerate(resets):
         if r.failure:
@@ -379,6 +380,10 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                     if live else jax.random.split(rng, 0))
             images = {"images": [shown[i][2:] for i in live]} if visual is not None else {}
             out = sampler.generate([p.ids for p in prompts], params, keys, **images)
+            timing = getattr(sampler, "last_timing", {})  # (a stand-in sampler may not count)
+            prefill["prefill_tokens"] += timing.get("prefill_tokens", 0)
+            prefill["prefill_tokens_saved"] += (timing.get("prefill_tokens", 0)
+                                                - timing.get("prefill_tokens_computed", 0))
         sample_s += time.perf_counter() - t0
         actions = {}
         for j, i in enumerate(live):
@@ -430,6 +435,8 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 t.failure = r.info.get("failure")
                 s.compression = 1.0  # no image follows the last step (as released: 1 when done)
     stats = _stats(samples, trajs, time.perf_counter() - t_start, env_s, sample_s)
+    if not expert:
+        stats.update(prefill)
     return RolloutResult(samples, trajs, stats)
 
 
@@ -466,8 +473,11 @@ def merge(parts: Sequence[RolloutResult]) -> RolloutResult:
     for k, s in enumerate(samples):
         trajs[s.episode].samples.append(k)
     slowest = lambda key: max((p.stats.get(key, 0.0) for p in parts), default=0.0)
-    return RolloutResult(samples, trajs, _stats(samples, trajs, slowest("wall_s"),
-                                                slowest("env_s"), slowest("sample_s")))
+    stats = _stats(samples, trajs, slowest("wall_s"), slowest("env_s"), slowest("sample_s"))
+    # The sampler's counts are of the collective batch: every share holds the same.
+    stats.update({k: slowest(k) for k in ("prefill_tokens", "prefill_tokens_saved")
+                  if k in parts[0].stats})
+    return RolloutResult(samples, trajs, stats)
 
 
 def env_applied(r) -> bool:

@@ -287,3 +287,25 @@ def test_float32_master_weights_keep_small_updates():
     print(f"share of weights changed by one step at lr 1e-6: {changed}")
     assert changed["float32"] >= 0.99
     assert changed["bfloat16"] < 0.1
+
+
+def test_blocked_vocabulary_projection_equals_one_pass():
+    """`logits_block`: the logits of a few positions at a time (full sequences and response
+    windows alike) give the same logprobs, entropies, loss and gradients as one [B, T, V] pass."""
+    batch = prompt_response_batch()
+    window = response_window(batch.loss_mask_BT)
+    _, whole = models.load("tiny", num_layers=1, seed=0, logits_block=0)
+    _, blocked = models.load("tiny", num_layers=1, seed=0, logits_block=3)  # 3 ∤ T: padded
+    nnx.update(blocked, nnx.state(whole))
+    for w in (None, window):
+        ref = token_logprobs(whole, batch.tokens_BT, batch.attn_mask_BT, 0.7, batch.loss_mask_BT, w)
+        out = token_logprobs(blocked, batch.tokens_BT, batch.attn_mask_BT, 0.7, batch.loss_mask_BT, w)
+        for a, b in zip(ref, out):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
+        step = nnx.jit(accumulate_grads, static_argnums=(2, 3))
+        cfg = LearnerConfig(entropy_coef=0.01, temperature=0.7)
+        (m_ref, g_ref), (m_out, g_out) = (step(m, batch, cfg, w) for m in (whole, blocked))
+        assert float(m_out["loss"]) == pytest.approx(float(m_ref["loss"]), rel=1e-6)
+        scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_ref))
+        for a, b in zip(jax.tree.leaves(g_out), jax.tree.leaves(g_ref)):
+            np.testing.assert_allclose(a, b, atol=1e-6 * scale)
