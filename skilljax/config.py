@@ -68,6 +68,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampler = dict(
         max_batch=128,                # rows per generate chunk (bounds the KV cache); 0 = all
         share_prefix_min=16,          # prompts sharing >= this many leading tokens prefill them once; 0 = off
+        compact=True,                 # rows still decoding go on in a smaller batch once half have stopped
     )
     c.prompt = dict(
         role="",                      # first line of every prompt ("" = none)

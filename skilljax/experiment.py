@@ -351,7 +351,7 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
         pool.close()
         raise
     sampler = Sampler(model, pad_id=tok.pad_id, max_batch=c.sampler.max_batch or None,
-                      share_prefix_min=c.sampler.share_prefix_min)
+                      share_prefix_min=c.sampler.share_prefix_min, compact=c.sampler.compact)
     return Run(c, workdir, pool, bank, tok, model, sampler, fmt, train_tasks, val_tasks, test_tasks)
 
 

@@ -116,6 +116,8 @@ class _Knobs(NamedTuple):
     stop_ids: jax.Array
     max_new: jax.Array
     banned: jax.Array  # [MAX_BANNED] ids never sampled (-1: none), e.g. a VL model's image pads
+    start: jax.Array   # the decode step this call begins at (a compacted batch continues)
+    min_live: jax.Array  # the loop stops early once at most this many rows are live (-1: never)
 
 
 def _inverse_cdf(weights_BK, u_B):
@@ -328,7 +330,8 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, kno
     prompt_valid_BS = jnp.zeros((b, s), bool).at[:, :p].set(mask_BP.astype(bool))
 
     def cond(st: _DecodeState):
-        return (st.step < knobs.max_new) & ~jnp.all(st.done_B)
+        live = jnp.sum(~st.done_B)
+        return (st.step < knobs.max_new) & (live > 0) & (live > knobs.min_live)
 
     sample = lambda logits_BV, keys_B, knobs: _sample(logits_BV, keys_B, knobs, max_top_k)
     if model.layout is not None:  # rows are independent: sample each device's rows in place
@@ -358,10 +361,17 @@ def _decode(graphdef, state, cache, logits_BV, mask_BP, real_B, key_data_B2, kno
                             slogp_BN)
 
     zeros_BN = jnp.zeros((b, max_new), jnp.float32)
-    init = _DecodeState(jnp.int32(0), cache, logits_BV, ~real_B, jnp.zeros(b, jnp.int32),
+    init = _DecodeState(knobs.start, cache, logits_BV, ~real_B, jnp.zeros(b, jnp.int32),
                         jnp.zeros(b, bool), jnp.zeros((b, max_new), jnp.int32), zeros_BN, zeros_BN)
     st = jax.lax.while_loop(cond, body, init)
-    return st.cache, st.tokens_BN, st.logp_BN, st.sampling_logp_BN, st.length_B, st.stopped_B
+    return (st.cache, st.logits_BV, st.tokens_BN, st.logp_BN, st.sampling_logp_BN, st.length_B,
+            st.stopped_B, st.done_B, st.step)
+
+
+def _compact(cache, logits_BV, rows_C):
+    """The cache and next-token logits of rows `rows_C` only (a smaller batch for the rows still
+    decoding)."""
+    return (qwen.LayerCache(*(c[:, rows_C] for c in cache)), logits_BV[rows_C])
 
 
 # One prompt's images: pixel values [patches, C·T·P·P] and grid_thw [images, 3], or None.
@@ -389,11 +399,14 @@ class Sampler:
     whole first prompt, then the task and skill text of every turn) prefill the shared part once
     (`share_prefixes`, `_prefill_shared`; 0 = off; text prompts only). `last_timing` counts the
     prompt tokens (`prefill_tokens`) and those the model ran (`prefill_tokens_computed`).
+    `compact`: once at most half a batch's rows are still decoding, they go on as a batch of their
+    own bucket (finished rows stop costing compute; one decode compile per batch bucket).
     """
 
     def __init__(self, model: qwen.Qwen, *, pad_id: int = 0, max_top_k: int = 64,
                  cache_dtype=None, max_batch: int | None = None, gather_weights: bool = True,
-                 image_kw: Mapping[str, Any] | None = None, share_prefix_min: int = 16):
+                 image_kw: Mapping[str, Any] | None = None, share_prefix_min: int = 16,
+                 compact: bool = True):
         if max_batch is not None and max_batch < 1:
             raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}.")
         self.vl = isinstance(model.cfg, qwen_vl.QwenVLConfig)
@@ -408,7 +421,7 @@ class Sampler:
         self.image_kw = dict(image_kw or {})  # vl_image.preprocess keywords for PIL images
         if share_prefix_min < 0:
             raise ValueError(f"share_prefix_min must be >= 0 (0 = off), got {share_prefix_min}.")
-        self.share_prefix_min = share_prefix_min
+        self.share_prefix_min, self.compact = share_prefix_min, compact
         self.model = model
         self.pad_id, self.max_top_k = pad_id, max_top_k
         self.cache_dtype, self.max_batch = cache_dtype, max_batch
@@ -432,6 +445,7 @@ class Sampler:
         self._prefill = jax.jit(_prefill, static_argnums=0, donate_argnums=2)
         self._prefill_shared = jax.jit(_prefill_shared, static_argnums=0, donate_argnums=2)
         self._decode = jax.jit(_decode, static_argnums=(0, 8, 9), donate_argnums=2)
+        self._compact = jax.jit(_compact)
         self.last_timing: dict[str, float] = {}
 
     def inference_state(self):
@@ -675,7 +689,7 @@ class Sampler:
         stop[:len(params.stop_token_ids)] = params.stop_token_ids
         knobs = _Knobs(jnp.float32(params.temperature), jnp.float32(params.top_p),
                        jnp.int32(params.top_k), jnp.asarray(stop), jnp.int32(params.max_new_tokens),
-                       jnp.asarray(self.banned_ids))
+                       jnp.asarray(self.banned_ids), jnp.int32(0), jnp.int32(-1))
         tokens_d = self._put(tokens, ("batch", "seq"))
         mask_d = self._put(mask, ("batch", "seq"))
         real_d = self._put(np.arange(b) < len(token_ids), ("batch",))
@@ -697,13 +711,45 @@ class Sampler:
             logits, cache = self._prefill_shared(self.graphdef, state, cache, *shared_args, mask_d)
         logits.block_until_ready()
         t1 = time.perf_counter()
-        cache, out_tokens, logp, slogp, lengths, stopped = self._decode(
-            self.graphdef, state, cache, logits, mask_d, real_d, keys_d, knobs, n, self.max_top_k,
-            *delta)
-        out_tokens, logp, slogp, lengths, stopped = (
-            to_host(a) for a in (out_tokens, logp, slogp, lengths, stopped))
+        out_tokens, lengths, stopped = (np.zeros((b, n), np.int32), np.zeros(b, np.int32),
+                                        np.zeros(b, bool))
+        logp, slogp = np.zeros((b, n), np.float32), np.zeros((b, n), np.float32)
+        # Rows of the decoding batch → rows of the chunk (-1: filler). Once at most half the rows
+        # are live, the loop stops and the live rows go on in a batch of their bucket: finished
+        # rows stop costing compute (one decode compile per batch bucket).
+        where, step, width = np.arange(b), 0, b
+        where[len(token_ids):] = -1
+        host = {"mask": mask, "keys": keys, "delta": to_host(delta[0]) if delta else None}
+        while True:
+            smaller = self.compact and self._batch_bucket(max(width // 2, 1)) < width
+            knobs = knobs._replace(start=jnp.int32(step),
+                                   min_live=jnp.int32(width // 2 if smaller else -1))
+            cache, logits, *outs = self._decode(
+                self.graphdef, state, cache, logits, mask_d, real_d, keys_d, knobs, n,
+                self.max_top_k, *delta)
+            tok_h, lp_h, slp_h, len_h, stop_h, done_h, end = (to_host(a) for a in outs)
+            mine, end = where >= 0, int(end)
+            for buf, part in ((out_tokens, tok_h), (logp, lp_h), (slogp, slp_h)):
+                buf[where[mine], step:end] = part[mine, step:end]
+            lengths[where[mine]] += len_h[mine]
+            stopped[where[mine]] |= stop_h[mine]
+            live = np.flatnonzero(~done_h & mine)
+            step = end
+            if step >= params.max_new_tokens or live.size == 0:
+                break
+            width = self._batch_bucket(live.size)
+            take = np.zeros(width, np.int32)  # filler rows: a copy of row 0, started done
+            take[:live.size] = live
+            cache, logits = self._compact(cache, logits, self._put(take, ("batch",)))
+            where = np.where(np.arange(width) < live.size, where[take], -1)
+            host = {k: None if v is None else v[take] for k, v in host.items()}
+            mask_d = self._put(host["mask"], ("batch", "seq"))
+            keys_d = self._put(host["keys"], ("batch", None))
+            real_d = self._put(np.arange(width) < live.size, ("batch",))
+            if delta:
+                delta = (self._put(host["delta"], ("batch",)),)
         t2 = time.perf_counter()
-        self._cache = ((b, s), cache)
+        self._cache = ((width, s), cache)
         self.last_timing = {"prefill_s": t1 - t0, "decode_s": t2 - t1,
                             "prefill_tokens": int(mask[:len(token_ids)].sum()),
                             "prefill_tokens_computed": computed,
@@ -738,7 +784,8 @@ class Sampler:
         scalar = lambda d: jax.ShapeDtypeStruct((), d)
         knobs = _Knobs(scalar(jnp.float32), scalar(jnp.float32), scalar(jnp.int32),
                        jax.ShapeDtypeStruct((MAX_STOP_IDS,), jnp.int32), scalar(jnp.int32),
-                       jax.ShapeDtypeStruct((MAX_BANNED,), jnp.int32))
+                       jax.ShapeDtypeStruct((MAX_BANNED,), jnp.int32), scalar(jnp.int32),
+                       scalar(jnp.int32))
         prefill = self._prefill.lower(self.graphdef, state, cache, tokens, mask)
         decode = self._decode.lower(
             self.graphdef, state, cache, arr((b, self.cfg.vocab_size), jnp.float32, ("batch", "act_vocab")),

@@ -192,7 +192,7 @@ def test_no_recompile_within_a_bucket(checkpoints, monkeypatch):
     monkeypatch.setattr(sampling, "_decode", chex.assert_max_traces(sampling._decode, n=1))
     monkeypatch.setattr(sampling, "_prefill", chex.assert_max_traces(sampling._prefill, n=1))
     _, model = models.load(checkpoints["qwen3"][0])
-    sampler = Sampler(model)
+    sampler = Sampler(model, compact=False)  # compaction compiles smaller batches
     # All these share batch bucket 4, prompt bucket 16 and generation bucket 16.
     for i, (temp, top_p, top_k, new) in enumerate([(0.0, 1.0, 0, 16), (0.7, 0.9, 0, 12),
                                                    (1.3, 1.0, 5, 9), (0.2, 0.5, 40, 16)]):
@@ -326,7 +326,8 @@ def test_banned_ids_are_never_drawn():
     for temperature, top_p, top_k in ((0.0, 1.0, 0), (1.0, 1.0, 0), (1.0, 0.5, 0), (1.0, 1.0, 3),
                                       (2.0, 0.9, 0)):
         knobs = _Knobs(jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k),
-                       jnp.full(MAX_STOP_IDS, -1, jnp.int32), jnp.int32(8), banned)
+                       jnp.full(MAX_STOP_IDS, -1, jnp.int32), jnp.int32(8), banned, jnp.int32(0),
+                       jnp.int32(-1))
         token, logp, _ = _sample(logits, keys, knobs, 16)
         token = np.asarray(token)
         assert (token != 0).all()
@@ -385,3 +386,25 @@ def test_shared_prefix_prefill_samples_as_the_unshared_path(checkpoints, mesh_sp
                 len(p) - shared_len for p in prompts)
     with pytest.raises(ValueError, match="share_prefix_min"):
         Sampler(model, share_prefix_min=-1)
+
+
+def test_finished_rows_leave_the_batch_and_the_rest_sample_as_before():
+    """Compaction: once half the rows have stopped, the live ones go on in a smaller batch (one
+    compile per batch bucket) and sample exactly what they would have in the full batch."""
+    _, model = models.load("tiny", seed=0)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 500, int(rng.integers(3, 30))).tolist() for _ in range(13)]
+    keys = jax.random.split(jax.random.key(1), len(prompts))
+    free = Sampler(model, compact=False).generate(
+        prompts, SamplingParams(max_new_tokens=40, temperature=1.0, top_k=20), keys)
+    # Stop ids drawn from what rows 0-7 emit at steps 2, 6, 10, ...: rows end at varied steps.
+    stops = tuple(sorted({free.token_ids[i][2 + 4 * i] for i in range(8)}))
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, top_k=20, stop_token_ids=stops)
+    whole = Sampler(model, compact=False).generate(prompts, params, keys)
+    sampler = Sampler(model)
+    out = sampler.generate(prompts, params, keys)
+    assert sorted(whole.lengths.tolist())[:8] != [40] * 8  # most rows stop early
+    assert out.token_ids == whole.token_ids and out.finish_reasons == whole.finish_reasons
+    for x, y in zip(out.logprobs, whole.logprobs):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+    assert sampler._cache[0][0] < 16  # the last decode ran on a smaller batch than the 16 rows

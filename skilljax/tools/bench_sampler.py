@@ -2,6 +2,7 @@
 
     python -m skilljax.tools.bench_sampler [--configs tiny,small] [--batch 16] [--prompt-len 16]
         [--new-tokens 64] [--top-p 0.95] [--top-k 20] [--repeats 7]
+    python -m skilljax.tools.bench_sampler --rollout-shapes 2x8 [--shared-prefix 256] ...
 
 For each preset: random weights (seed 0) exported to a temporary HF directory and loaded by
 transformers; both sample B×new tokens with the same top-p/top-k (no stop tokens, every row runs
@@ -9,6 +10,10 @@ to the limit). Reported: warm decode tokens/s (prefill excluded: for transformer
 prompt forward pass is subtracted), end-to-end tokens/s, their ratios, compile time, and for
 skilljax the fraction of this machine's float32 matmul peak (measured here) that decoding reaches.
 The last stdout line is JSON with everything.
+
+`--rollout-shapes TxG`: generate wall time on T tasks x G rollouts whose prompts share their
+task's first tokens and whose rows stop at spread-out steps, with shared-prefix prefill and
+compaction each on and off (ratios against both off, same run; `rollout_shapes`).
 """
 
 from __future__ import annotations
@@ -104,6 +109,52 @@ def summarize(runs):
             "tokens": tokens}
 
 
+def rollout_shapes(model, cfg, tasks: int, group: int, prefix: int, new_tokens: int,
+                   repeats: int) -> dict:
+    """Generate wall time on rollout-shaped requests, with each sampler feature on and off, same
+    run: `tasks` × `group` prompts whose first `prefix` tokens are their task's (a task's G
+    rollouts: task and skill text) plus 8-40 own tokens (history), and stop ids drawn from what
+    the rows emit without any, so rows end at spread-out steps as a policy's responses do."""
+    import jax
+    import numpy as np
+
+    from skilljax.sampling import Sampler, SamplingParams
+    rng = np.random.default_rng(1)
+    heads = [rng.integers(3, cfg.vocab_size, prefix).tolist() for _ in range(tasks)]
+    prompts = [h + rng.integers(3, cfg.vocab_size, int(rng.integers(8, 41))).tolist()
+               for h in heads for _ in range(group)]
+    keys = jax.random.split(jax.random.key(0), len(prompts))
+    free = Sampler(model, share_prefix_min=0, compact=False).generate(
+        prompts, SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_k=20), keys)
+    steps = np.linspace(1, new_tokens - 1, 8).astype(int)
+    stops = tuple(sorted({free.token_ids[i][k] for i, k in enumerate(steps)}))
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_k=20,
+                            stop_token_ids=stops)
+    variants = {"neither": dict(share_prefix_min=0, compact=False),
+                "shared_prefix": dict(compact=False), "compaction": dict(share_prefix_min=0),
+                "both": {}}
+    samplers = {k: Sampler(model, **kw) for k, kw in variants.items()}
+    times = {k: [] for k in variants}
+    outs = {}
+    for k, sampler in samplers.items():  # compile every shape first
+        outs[k] = sampler.generate(prompts, params, keys)
+    for r in range(repeats):  # interleaved, so drift in the machine's speed hits all alike
+        for k, sampler in samplers.items():
+            t0 = time.perf_counter()
+            sampler.generate(prompts, params, keys)
+            times[k].append(time.perf_counter() - t0)
+    base = statistics.median(times["neither"])
+    row = {"rows": len(prompts), "prompt_tokens": sum(map(len, prompts)),
+           "generated_tokens": int(outs["neither"].lengths.sum()),
+           "max_tokens": len(prompts) * new_tokens,
+           "same_tokens": all(o.token_ids == outs["neither"].token_ids for o in outs.values())}
+    for k in variants:
+        row[k] = {"generate_s": statistics.median(times[k]),
+                  "speedup": base / statistics.median(times[k])}
+    row["prefill_tokens_computed"] = samplers["both"].last_timing["prefill_tokens_computed"]
+    return row
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", default="tiny,small")
@@ -114,7 +165,14 @@ def main(argv=None):
     p.add_argument("--top-k", type=int, default=20)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--rollout-shapes", default="",
+                   help="TASKSxGROUP (e.g. 2x8): instead of the comparison, time rollout-shaped "
+                        "requests with shared-prefix prefill and compaction on and off")
+    p.add_argument("--shared-prefix", type=int, default=256,
+                   help="with --rollout-shapes: tokens each task's prompts share")
     args = p.parse_args(argv)
+    if args.rollout_shapes:
+        return _rollout_main(args)
 
     import numpy as np
 
@@ -162,6 +220,25 @@ def main(argv=None):
                      f", e2e {row['transformers']['e2e_tokens_per_s']:8.0f} | ratio decode "
                      f"{row['decode_ratio']:.2f}x, e2e {row['e2e_ratio']:.2f}x")
         print(line, flush=True)
+    print(json.dumps(results))
+
+
+
+def _rollout_main(args):
+    from skilljax import models
+    tasks, group = (int(x) for x in args.rollout_shapes.split("x"))
+    results = {}
+    for name in args.configs.split(","):
+        cfg, model = models.load(name, seed=0)
+        row = rollout_shapes(model, cfg, tasks, group, args.shared_prefix, args.new_tokens,
+                             args.repeats)
+        results[name] = row
+        print(f"{name:6s} {row['rows']} rows, {row['prompt_tokens']} prompt tokens "
+              f"({row['prefill_tokens_computed']} computed when shared), "
+              f"{row['generated_tokens']}/{row['max_tokens']} tokens generated | "
+              + ", ".join(f"{k} {row[k]['generate_s']:.3f}s ({row[k]['speedup']:.2f}x)"
+                          for k in ("neither", "shared_prefix", "compaction", "both"))
+              + f" | same tokens: {row['same_tokens']}", flush=True)
     print(json.dumps(results))
 
 
