@@ -122,6 +122,7 @@ def base_config() -> ml_collections.ConfigDict:
         micro_batch_size=8,           # step samples per gradient accumulation slice; None = all
         ppo_epochs=1,                 # passes over the batch
         recompute_old_logp=True,      # old logprobs from the learner, not the sampler
+        behaviour_is_cap=0.0,         # loss × min(π_old / π_sampler, cap) per token (TIS); 0 = off
         advantage="grpo",             # grpo, drgrpo, rloo or gigpo
         group_stats="trajectory",     # "trajectory" (SKILL0 eq. 5) or "step" (released code)
         gigpo_gamma=0.95,             # GiGPO: discount of step returns

@@ -94,7 +94,8 @@ def learner_config(c) -> learner_lib.LearnerConfig:
         entropy_coef=r.entropy_coef, kl_coef=r.kl_coef, kl_kind=r.kl_kind,
         mini_batch_size=r.mini_batch_size, micro_batch_size=r.micro_batch_size,
         ppo_epochs=r.ppo_epochs, temperature=r.temperature,
-        recompute_old_logp=r.recompute_old_logp, row_multiple=r.batch_multiple)
+        recompute_old_logp=r.recompute_old_logp, row_multiple=r.batch_multiple,
+        behaviour_is_cap=r.behaviour_is_cap)
 
 
 def advantage_config(c) -> losses.AdvantageConfig:

@@ -224,7 +224,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                                       **collate_kw(trained, rcfg.visual, run.model.cfg))
             distributed.check_same("the learner batch", batch.tokens_BT.shape)
             updates = learner.update(batch, keys("update", step))
-            for k in ("loss", "clip_frac", "approx_kl", "entropy", "grad_norm"):
+            for k in ("loss", "clip_frac", "approx_kl", "entropy", "grad_norm", "is_weight_mean",
+                      "is_truncated_frac", "behaviour_kl"):
                 if updates and k in updates[-1]:
                     m[k] = float(np.mean([u[k] for u in updates if k in u]))
         m["optimizer_steps"] = len(updates)

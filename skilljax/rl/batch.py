@@ -39,6 +39,9 @@ class Batch(NamedTuple):
     # `qwen_vl.VisionInputs` with rows first; None for a text policy.
     positions_B3T: jax.Array | None = None
     vision: Any = None
+    # Truncated importance weights min(π_old / π_behaviour, cap) per token (`Learner.update` sets
+    # them when the sampler's policy is not the learner's old one); None: 1.
+    is_weight_BT: jax.Array | None = None
 
 
 class RowImages:

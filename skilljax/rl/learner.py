@@ -59,6 +59,11 @@ class LearnerConfig:
     temperature: float = 1.0  # logprobs of logits / temperature, as the sampler's policy
     response_window: bool = True  # vocabulary projection only over the responses (same result)
     recompute_old_logp: bool = True  # old logprobs from the learner's policy before its first step
+    # Truncated importance sampling between the behaviour policy (the sampler's logprobs, as
+    # collated) and the recomputed old policy: each token's loss × min(π_old / π_behaviour, cap).
+    # Corrects for a sampler that is not the learner's policy (another precision, or weights a
+    # step or more stale). 0 = off.
+    behaviour_is_cap: float = 0.0
     row_multiple: int = 1  # each mini-batch padded to a multiple of this many rows (fewer compiles)
 
     def __post_init__(self):
@@ -66,6 +71,16 @@ class LearnerConfig:
             raise ValueError(f"mini_batch_size must be >= 1 or None, got {self.mini_batch_size}.")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {self.micro_batch_size}.")
+        if self.behaviour_is_cap and (self.behaviour_is_cap < 1 or not self.recompute_old_logp):
+            raise ValueError(
+                f"behaviour_is_cap={self.behaviour_is_cap}: the cap must be >= 1 (0 = off), and "
+                "the old policy must be the learner's (recompute_old_logp=true) for the sampler's "
+                "logprobs to be the behaviour policy it is compared with.")
+        if self.behaviour_is_cap and self.temperature != 1.0:
+            raise ValueError(
+                f"behaviour_is_cap needs rl.temperature 1 (got {self.temperature}): the sampler's "
+                "logprobs are those of the raw logits, the old policy's would be at this "
+                "temperature. Train at temperature 1 or set behaviour_is_cap=0.")
         if not self.recompute_old_logp and self.temperature != 1.0:
             raise ValueError(
                 f"recompute_old_logp=False takes the sampler's logprobs as the old policy; they are "
@@ -122,13 +137,27 @@ def _scored(model: qwen.Qwen, h_BRD, tok_BR, temperature: float):
     return tuple(x.swapaxes(0, 1).reshape(b, -1)[:, :r] for x in out)
 
 
+def behaviour_weights(old_logp_BT, behaviour_logp_BT, mask_BT, cap: float):
+    """Truncated importance weights min(exp(old − behaviour), cap) per token (1 off the responses)
+    and their statistics over response tokens: mean weight, the share truncated, and the mean of
+    behaviour − old logprob (an estimate of KL(behaviour ‖ old) on the sampled tokens)."""
+    mask = np.asarray(mask_BT) > 0
+    log_ratio = np.where(mask, np.asarray(old_logp_BT) - np.asarray(behaviour_logp_BT), 0.0)
+    weight = np.where(mask, np.minimum(np.exp(log_ratio), cap), 1.0).astype(np.float32)
+    n = max(int(mask.sum()), 1)
+    stats = {"is_weight_mean": float(weight[mask].sum() / n),
+             "is_truncated_frac": float((np.exp(log_ratio) > cap)[mask].sum() / n),
+             "behaviour_kl": float(-log_ratio[mask].sum() / n)}
+    return weight, stats
+
+
 def _loss_terms(model, batch: Batch, cfg: LearnerConfig, window: int | None = None):
     logp_BT, entropy_BT = token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT, cfg.temperature,
                                          batch.loss_mask_BT, window, batch.positions_B3T,
                                          batch.vision)
     num, den, sums = losses.policy_loss_terms(
         logp_BT, batch.old_logp_BT, batch.advantages_B, batch.loss_mask_BT, cfg.clip_low,
-        cfg.clip_high, cfg.dual_clip, cfg.loss_agg)
+        cfg.clip_high, cfg.dual_clip, cfg.loss_agg, batch.is_weight_BT)
     ent_num, _ = losses.aggregate(entropy_BT, batch.loss_mask_BT, cfg.loss_agg)
     num = num - cfg.entropy_coef * ent_num
     sums["entropy"], _ = losses.aggregate(entropy_BT, batch.loss_mask_BT, "token-mean")
@@ -272,6 +301,7 @@ class Learner:
         real = np.flatnonzero(host["loss_mask_BT"].sum(axis=1) > 0)
         if not len(real):
             return []
+        is_stats = {}
         window = response_window(host["loss_mask_BT"]) if self.cfg.response_window else None
         shards = self._shards()
         # Old (and reference) logprobs of every sample before the first optimiser step, in the
@@ -285,6 +315,10 @@ class Learner:
                     old[idx[:n]] = self._logprobs(self.model, mb, window)[:n]
                 if need_ref:
                     ref[idx[:n]] = self._logprobs(self.reference, mb, window)[:n]
+            is_stats = {}
+            if self.cfg.behaviour_is_cap:  # the collated logprobs are the sampler's
+                host["is_weight_BT"], is_stats = behaviour_weights(
+                    old, host["old_logp_BT"], host["loss_mask_BT"], self.cfg.behaviour_is_cap)
             if self.cfg.recompute_old_logp:
                 host["old_logp_BT"] = old
             if need_ref:
@@ -304,7 +338,7 @@ class Learner:
                 metrics.update(step_s=step_s, samples=int(trained.sum()),
                                tokens_per_s=float(mb["attn_mask_BT"].sum()) / step_s,
                                adv_mean=float(adv.mean()), adv_std=float(adv.std()),
-                               adv_min=float(adv.min()), adv_max=float(adv.max()))
+                               adv_min=float(adv.min()), adv_max=float(adv.max()), **is_stats)
                 out.append(metrics)
         return out
 

@@ -237,8 +237,10 @@ def aggregate(values_BT, mask_BT, agg: str = "token-mean"):
 
 def policy_loss_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2,
                       clip_high: float = 0.2, dual_clip: float | None = None,
-                      agg: str = "token-mean"):
-    """(numerator, denominator, metric sums) of the clipped surrogate; see `policy_loss`."""
+                      agg: str = "token-mean", weight=None):
+    """(numerator, denominator, metric sums) of the clipped surrogate; see `policy_loss`.
+    `weight` [B, T] (optional): per-token factors of the loss, e.g. truncated importance weights
+    between the behaviour (sampling) policy and the old policy; they carry no gradient."""
     logp, old_logp = jnp.asarray(logp), jnp.asarray(old_logp)
     adv = jnp.asarray(advantages, logp.dtype)
     adv_BT = adv[:, None] if adv.ndim == 1 else adv
@@ -256,6 +258,8 @@ def policy_loss_terms(logp, old_logp, advantages, mask, clip_low: float = 0.2,
         bound = -adv_BT * dual_clip
         dual_hit = ((adv_BT < 0) & (loss_BT > bound)).astype(logp.dtype)
         loss_BT = jnp.where(adv_BT < 0, jnp.minimum(loss_BT, bound), loss_BT)
+    if weight is not None:
+        loss_BT = loss_BT * jax.lax.stop_gradient(jnp.asarray(weight, loss_BT.dtype))
     num, den = aggregate(loss_BT, mask, agg)
     metrics = {"clip_frac": jnp.sum(clip_hit * mask), "dual_clip_frac": jnp.sum(dual_hit * mask),
                "approx_kl": jnp.sum(-log_ratio * mask), "tokens": jnp.sum(mask)}

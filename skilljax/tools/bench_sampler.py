@@ -66,6 +66,92 @@ class SkilljaxRunner:
         t = self.sampler.last_timing
         return t["prefill_s"], t["decode_s"], int(out.lengths.sum())
 
+    def run_wall(self, seed):
+        """As `TunixRunner.run`: wall clock of whole calls, prefill ≈ a call for one token."""
+        import dataclasses
+        one = dataclasses.replace(self.params, max_new_tokens=1)
+        t0 = time.perf_counter()
+        self.sampler.generate(self.prompts, one, self.jax.random.key(seed))
+        t1 = time.perf_counter()
+        out = self.sampler.generate(self.prompts, self.params, self.jax.random.key(seed))
+        t2 = time.perf_counter()
+        return t1 - t0, (t2 - t1) - (t1 - t0), int(out.lengths.sum())
+
+
+def memory_bandwidth(nbytes: int, reps: int = 10) -> float:
+    """Bytes/s at which this machine streams a float32 array of `nbytes` through a sum (best of
+    `reps`): the rate a decode step can at best read its weights at."""
+    import jax
+    import jax.numpy as jnp
+    a = jnp.ones((nbytes // 4,), jnp.float32)
+    f = jax.jit(jnp.sum)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best
+
+
+class TunixRunner:
+    """Tunix's sampler (`tunix.generate.sampler.Sampler`, when installed) on Tunix's Qwen3 module
+    with this preset's shapes (tied or not as the preset), random weights (throughput does not
+    depend on them). Prompts are token ids written as text for an id tokenizer."""
+
+    def __init__(self, cfg, prompts, new_tokens, top_p, top_k):
+        from flax import nnx
+        from tunix.generate import sampler as sampler_lib
+        from tunix.models.qwen3 import model as qwen3
+
+        class IdTokenizer:  # 0 pads (and is no BOS); no EOS is ever sampled
+            def encode(self, text, **kw):
+                return [int(x) for x in text.split()]
+
+            def decode(self, ids, **kw):
+                return " ".join(map(str, ids))
+
+            def bos_id(self):
+                return 0
+
+            def eos_id(self):
+                return 1
+
+            def pad_id(self):
+                return 0
+
+        tcfg = qwen3.ModelConfig(
+            num_layers=cfg.num_layers, vocab_size=cfg.vocab_size, embed_dim=cfg.embed_dim,
+            hidden_dim=cfg.mlp_dim, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+            num_kv_heads=cfg.num_kv_heads, rope_theta=int(cfg.rope_theta),
+            norm_eps=cfg.rms_norm_eps, use_tied_embedding=cfg.tie_embeddings)
+        model = qwen3.Qwen3(tcfg, rngs=nnx.Rngs(0))
+        self.prompt_len = len(prompts[0])
+        self.sampler = sampler_lib.Sampler(model, IdTokenizer(), sampler_lib.CacheConfig(
+            cache_size=self.prompt_len + new_tokens, num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim))
+        self.texts = [" ".join(map(str, p)) for p in prompts]
+        self.new_tokens, self.top_p, self.top_k = new_tokens, top_p, top_k
+        t0 = time.perf_counter()
+        self.call(0, new_tokens), self.call(0, 1)
+        self.cold_s = time.perf_counter() - t0
+
+    def call(self, seed, steps):
+        out = self.sampler(self.texts, max_generation_steps=steps,
+                           max_prompt_length=self.prompt_len, temperature=1.0, top_p=self.top_p,
+                           top_k=self.top_k, seed=seed, eos_tokens=[-1])
+        return sum(len(t) for t in out.tokens)
+
+    def run(self, seed):
+        """(prefill seconds ≈ a call for one token, decode seconds, generated tokens), wall clock
+        of the whole call (its host work included, as for `SkilljaxRunner.run_wall`)."""
+        t0 = time.perf_counter()
+        self.call(seed, 1)
+        t1 = time.perf_counter()
+        tokens = self.call(seed, self.new_tokens)
+        t2 = time.perf_counter()
+        return t1 - t0, (t2 - t1) - (t1 - t0), tokens
+
 
 class TransformersRunner:
     def __init__(self, path, prompts, new_tokens, top_p, top_k):
@@ -165,6 +251,8 @@ def main(argv=None):
     p.add_argument("--top-k", type=int, default=20)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--skip-transformers", action="store_true")
+    p.add_argument("--skip-tunix", action="store_true",
+                   help="do not compare with Tunix's sampler even when tunix is installed")
     p.add_argument("--rollout-shapes", default="",
                    help="TASKSxGROUP (e.g. 2x8): instead of the comparison, time rollout-shaped "
                         "requests with shared-prefix prefill and compaction on and off")
@@ -182,11 +270,24 @@ def main(argv=None):
     peak = matmul_peak_flops()
     print(f"float32 matmul peak on this machine: {peak / 1e9:.1f} GFLOP/s")
     results = {"matmul_peak_gflops": peak / 1e9, "configs": {}}
+    tunix = None
+    if not args.skip_tunix:
+        try:
+            import tunix  # noqa: F401
+            tunix = True
+        except ImportError:
+            print("tunix is not installed: no Tunix comparison (pip install google-tunix)")
     for name in args.configs.split(","):
         cfg, model = models.load(name, seed=0)
         rng = np.random.default_rng(0)
         prompts = rng.integers(3, cfg.vocab_size, (args.batch, args.prompt_len)).tolist()
         ours_runner = SkilljaxRunner(model, prompts, args.new_tokens, args.top_p, args.top_k)
+        # Decoding streams every weight once per step: at this machine's rate, at best
+        # batch × bandwidth / weight bytes tokens/s (float32 weights; measured in this run).
+        weight_bytes = 4 * cfg.num_params()
+        bandwidth = memory_bandwidth(max(2 * weight_bytes, 256 << 20))
+        tunix_runner = (TunixRunner(cfg, prompts, args.new_tokens, args.top_p, args.top_k)
+                        if tunix else None)
         ref_runner = None
         tmp = tempfile.TemporaryDirectory()
         if not args.skip_transformers:
@@ -194,18 +295,33 @@ def main(argv=None):
             ref_runner = TransformersRunner(f"{tmp.name}/hf", prompts, args.new_tokens, args.top_p,
                                             args.top_k)
         # Interleaved, so drift in this machine's speed hits both sides alike.
-        ours_runs, ref_runs = [], []
+        ours_runs, ref_runs, wall_runs, tunix_runs = [], [], [], []
+        if tunix_runner:
+            ours_runner.run_wall(0)  # compiles the one-token call's shape
         for r in range(args.repeats):
             ours_runs.append(ours_runner.run(r + 1))
             if ref_runner:
                 ref_runs.append(ref_runner.run(r + 1))
+            if tunix_runner:
+                wall_runs.append(ours_runner.run_wall(r + 1))
+                tunix_runs.append(tunix_runner.run(r + 1))
         tmp.cleanup()
         ours = summarize(ours_runs)
         ours["compile_s"] = ours_runner.cold_s - sum(ours_runs[0][:2])
         context = args.prompt_len + args.new_tokens // 2
         ours["peak_fraction"] = (ours["decode_tokens_per_s"] * decode_flops_per_token(cfg, context)
                                  / peak)
-        row = {"params": cfg.num_params(), "skilljax": ours}
+        limit = args.batch * bandwidth / weight_bytes
+        ours["bandwidth_limit_tokens_per_s"] = limit
+        ours["bandwidth_fraction"] = ours["decode_tokens_per_s"] / limit
+        row = {"params": cfg.num_params(), "skilljax": ours, "bandwidth_gb_s": bandwidth / 1e9}
+        if tunix_runner:
+            row["skilljax_wall"], row["tunix"] = summarize(wall_runs), summarize(tunix_runs)
+            row["tunix"]["compile_s"] = tunix_runner.cold_s
+            row["tunix_decode_ratio"] = (row["skilljax_wall"]["decode_tokens_per_s"]
+                                         / row["tunix"]["decode_tokens_per_s"])
+            row["tunix_e2e_ratio"] = (row["skilljax_wall"]["e2e_tokens_per_s"]
+                                      / row["tunix"]["e2e_tokens_per_s"])
         if ref_runner:
             ref = summarize(ref_runs)
             row["transformers"] = ref
@@ -214,7 +330,15 @@ def main(argv=None):
         results["configs"][name] = row
         line = (f"{name:6s} {cfg.num_params() / 1e6:6.2f}M params | skilljax decode "
                 f"{ours['decode_tokens_per_s']:9.0f} tok/s, e2e {ours['e2e_tokens_per_s']:9.0f} tok/s, "
-                f"compile {ours['compile_s']:.1f}s, {100 * ours['peak_fraction']:.1f}% of matmul peak")
+                f"compile {ours['compile_s']:.1f}s, {100 * ours['peak_fraction']:.1f}% of matmul peak, "
+                f"{100 * ours['bandwidth_fraction']:.1f}% of the bandwidth limit "
+                f"({limit:.0f} tok/s at {bandwidth / 1e9:.1f} GB/s)")
+        if "tunix" in row:
+            line += (f" | tunix decode {row['tunix']['decode_tokens_per_s']:8.0f} tok/s, e2e "
+                     f"{row['tunix']['e2e_tokens_per_s']:8.0f} (skilljax, same wall-clock method: "
+                     f"{row['skilljax_wall']['decode_tokens_per_s']:.0f} / "
+                     f"{row['skilljax_wall']['e2e_tokens_per_s']:.0f}) | ratio decode "
+                     f"{row['tunix_decode_ratio']:.2f}x, e2e {row['tunix_e2e_ratio']:.2f}x")
         if "transformers" in row:
             line += (f" | transformers decode {row['transformers']['decode_tokens_per_s']:8.0f} tok/s"
                      f", e2e {row['transformers']['e2e_tokens_per_s']:8.0f} | ratio decode "

@@ -309,3 +309,49 @@ def test_blocked_vocabulary_projection_equals_one_pass():
         scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g_ref))
         for a, b in zip(jax.tree.leaves(g_out), jax.tree.leaves(g_ref)):
             np.testing.assert_allclose(a, b, atol=1e-6 * scale)
+
+
+def test_behaviour_importance_weights_by_hand():
+    from skilljax.rl.learner import behaviour_weights
+    old = np.array([[-1.0, -2.0, -0.5]])
+    behaviour = np.array([[-1.5, -1.0, -0.5]])
+    w, stats = behaviour_weights(old, behaviour, np.array([[1, 1, 0]]), cap=1.5)
+    # log ratios 0.5 and -1: e^0.5 = 1.649 is cut to 1.5, e^-1 = 0.368 kept; off-mask weight 1.
+    np.testing.assert_allclose(w, [[1.5, np.exp(-1.0), 1.0]], rtol=1e-6)
+    assert stats["is_truncated_frac"] == 0.5
+    assert stats["is_weight_mean"] == pytest.approx((1.5 + np.exp(-1.0)) / 2)
+    assert stats["behaviour_kl"] == pytest.approx(0.25)  # mean of behaviour − old: (−0.5 + 1) / 2
+    # The weights scale each token's surrogate and carry no gradient.
+    logp = jnp.asarray([[-1.2, -1.9, -0.4]])
+    adv = jnp.asarray([1.0])
+    mask = jnp.asarray([[1.0, 1.0, 0.0]])
+    plain = jax.grad(lambda l: losses.policy_loss_terms(l, old, adv, mask)[0])(logp)
+    weighted = jax.grad(lambda l: losses.policy_loss_terms(l, old, adv, mask, weight=w)[0])(logp)
+    np.testing.assert_allclose(weighted, plain * w, rtol=1e-6)
+
+
+def test_behaviour_correction_in_the_update():
+    """With the sampler's own logprobs the weights are 1 and the update is the plain one; with a
+    stale behaviour policy the loss changes and the statistics are reported."""
+    batch = prompt_response_batch()
+    _, model = models.load("tiny", num_layers=1, seed=0)
+    old = np.asarray(token_logprobs(model, batch.tokens_BT, batch.attn_mask_BT)[0])
+    mask = np.asarray(batch.loss_mask_BT) > 0
+    own = batch._replace(old_logp_BT=jnp.asarray(np.where(mask, old, 0.0), jnp.float32))
+    stale = own._replace(old_logp_BT=own.old_logp_BT + 0.3 * jnp.asarray(
+        np.random.default_rng(0).normal(size=old.shape), jnp.float32) * mask)
+    out = {}
+    for name, cap, b in (("plain", 0.0, own), ("own", 2.0, own), ("stale", 2.0, stale)):
+        m = models.load("tiny", num_layers=1, seed=0)[1]
+        out[name] = Learner(m, LearnerConfig(learning_rate=1e-3, behaviour_is_cap=cap)).update(b)[0]
+    assert out["own"]["loss"] == pytest.approx(out["plain"]["loss"], rel=1e-5)
+    assert out["own"]["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert out["own"]["is_truncated_frac"] == 0.0 and "is_weight_mean" not in out["plain"]
+    assert out["stale"]["behaviour_kl"] != pytest.approx(0.0, abs=1e-3)
+    assert out["stale"]["loss"] != pytest.approx(out["plain"]["loss"], rel=1e-3)
+    with pytest.raises(ValueError, match="behaviour_is_cap"):
+        LearnerConfig(behaviour_is_cap=0.5)
+    with pytest.raises(ValueError, match="recompute_old_logp"):
+        LearnerConfig(behaviour_is_cap=2.0, recompute_old_logp=False)
+    with pytest.raises(ValueError, match="temperature 1"):
+        LearnerConfig(behaviour_is_cap=2.0, temperature=0.7)
