@@ -1,7 +1,7 @@
 """Train-step benchmark: tokens/s of the GRPO update and its fraction of this machine's matmul peak.
 
     python -m skilljax.tools.bench_train [--configs tiny,small] [--batch 16] [--seq-len 128]
-        [--response-len 64] [--micro-batch 0] [--repeats 5] [--remat]
+        [--response-len 64] [--micro-batch 0] [--repeats 5] [--remat] [--logits-block N]
 
 Each config is timed twice in the same run: with the vocabulary projection over every position
 (the baseline) and only over the response window (`LearnerConfig.response_window`, the default);
@@ -36,6 +36,8 @@ def main(argv=None):
     p.add_argument("--micro-batch", type=int, default=0, help="0: no accumulation")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--remat", action="store_true")
+    p.add_argument("--logits-block", type=int, default=None,
+                   help="the model's logits_block (positions per vocabulary projection; 0 = all)")
     args = p.parse_args(argv)
 
     import jax.numpy as jnp
@@ -53,7 +55,8 @@ def main(argv=None):
         r = args.response_len or t // 2
         row = {}
         for mode in ("full", "window"):
-            cfg, model = models.load(name, seed=0, remat=args.remat)
+            extra = {} if args.logits_block is None else {"logits_block": args.logits_block}
+            cfg, model = models.load(name, seed=0, remat=args.remat, **extra)
             # The optimiser step alone: the batch's old logprobs, not the recomputing forward.
             learner = Learner(model, LearnerConfig(learning_rate=1e-5,
                                                    micro_batch_size=args.micro_batch or None,
