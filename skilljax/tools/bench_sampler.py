@@ -1,4 +1,4 @@
-"""Sampler benchmark: skilljax vs `transformers` generate (PyTorch CPU) on the same weights, same run.
+"""Sampler benchmark: skilljax against `transformers` generate and Tunix's sampler, same run.
 
     python -m skilljax.tools.bench_sampler [--configs tiny,small] [--batch 16] [--prompt-len 16]
         [--new-tokens 64] [--top-p 0.95] [--top-k 20] [--repeats 7]
@@ -8,8 +8,12 @@ For each preset: random weights (seed 0) exported to a temporary HF directory an
 transformers; both sample B×new tokens with the same top-p/top-k (no stop tokens, every row runs
 to the limit). Reported: warm decode tokens/s (prefill excluded: for transformers the time of a
 prompt forward pass is subtracted), end-to-end tokens/s, their ratios, compile time, and for
-skilljax the fraction of this machine's float32 matmul peak (measured here) that decoding reaches.
-The last stdout line is JSON with everything.
+skilljax the fraction of this machine's float32 matmul peak (measured here) that decoding reaches,
+and of its bandwidth limit: decoding reads every weight once per step, so at best batch × (bytes/s
+of a sum over a float32 array twice the weights' size, measured here) / weight bytes tokens/s.
+When `tunix` is importable (a venv with google-tunix), Tunix's sampler runs the same requests on
+its Qwen3 module at the preset's shapes; both are then timed by wall clock (prefill ≈ a one-token
+call) and their ratios printed. The last stdout line is JSON with everything.
 
 `--rollout-shapes TxG`: generate wall time on T tasks x G rollouts whose prompts share their
 task's first tokens and whose rows stop at spread-out steps, with shared-prefix prefill and
@@ -25,19 +29,23 @@ import tempfile
 import time
 
 
+def _best_seconds(f, x, reps: int) -> float:
+    """The fastest of `reps` timed calls of jitted `f(x)` (after one untimed)."""
+    f(x).block_until_ready()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def matmul_peak_flops(n: int = 1024, reps: int = 20) -> float:
     """Best-of float32 GEMM throughput on the default JAX device."""
     import jax
     import jax.numpy as jnp
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return 2 * n ** 3 / _best_seconds(jax.jit(lambda x: x @ x), a, reps)
 
 
 def decode_flops_per_token(cfg, context: int) -> float:
@@ -84,14 +92,7 @@ def memory_bandwidth(nbytes: int, reps: int = 10) -> float:
     import jax
     import jax.numpy as jnp
     a = jnp.ones((nbytes // 4,), jnp.float32)
-    f = jax.jit(jnp.sum)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return a.nbytes / best
+    return a.nbytes / _best_seconds(jax.jit(jnp.sum), a, reps)
 
 
 class TunixRunner:
