@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from skilljax.envs.base import Task
-from skilljax.rl.rollout import (RolloutConfig, RolloutResult, Trajectory, _stats, merge,
-                                 rollout)
+from skilljax.rl.rollout import (PREFILL_KEYS, RolloutConfig, RolloutResult, Trajectory, _stats,
+                                 merge, rollout)
 from skilljax.skills.library import SkillLibrary, extract_functions, sandbox_validator, used_in
 
 
@@ -191,8 +191,7 @@ def _concat(results: Sequence[RolloutResult]) -> RolloutResult:
         samples += [dataclasses.replace(s, episode=s.episode + offset) for s in res.samples]
     total = lambda key: sum(r.stats.get(key, 0.0) for r in results)  # positions run in turn
     stats = _stats(samples, trajs, total("wall_s"), total("env_s"), total("sample_s"))
-    stats.update({k: total(k) for k in ("prefill_tokens", "prefill_tokens_saved")
-                  if any(k in r.stats for r in results)})
+    stats.update({k: total(k) for k in PREFILL_KEYS if any(k in r.stats for r in results)})
     return RolloutResult(samples, trajs, stats)
 
 

@@ -315,7 +315,6 @@ class Learner:
                     old[idx[:n]] = self._logprobs(self.model, mb, window)[:n]
                 if need_ref:
                     ref[idx[:n]] = self._logprobs(self.reference, mb, window)[:n]
-            is_stats = {}
             if self.cfg.behaviour_is_cap:  # the collated logprobs are the sampler's
                 host["is_weight_BT"], is_stats = behaviour_weights(
                     old, host["old_logp_BT"], host["loss_mask_BT"], self.cfg.behaviour_is_cap)

@@ -314,7 +314,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     t_start = time.perf_counter()
     resets = pool.reset([t.task for t in trajs], [t.seed for t in trajs]) if trajs else []
     env_s, sample_s = time.perf_counter() - t_start, 0.0
-    prefill = dict(prefill_tokens=0, prefill_tokens_saved=0)  # the sampler's, over the whole batch
+    prefill = dict.fromkeys(PREFILL_KEYS, 0)  # the sampler's counts, over the whole batch
     obs, admissible, goal, history, state = {}, {}, {}, {}, {}
     for i, r in enumerate(resets):
         if r.failure:
@@ -440,6 +440,10 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     return RolloutResult(samples, trajs, stats)
 
 
+# Prompt tokens of a rollout's sampler calls, and those the shared-prefix prefill did not run.
+PREFILL_KEYS = ("prefill_tokens", "prefill_tokens_saved")
+
+
 def _stats(samples: Sequence[StepSample], trajs: Sequence[Trajectory], wall: float, env_s: float,
            sample_s: float) -> dict[str, float]:
     n = max(len(samples), 1)
@@ -475,8 +479,7 @@ def merge(parts: Sequence[RolloutResult]) -> RolloutResult:
     slowest = lambda key: max((p.stats.get(key, 0.0) for p in parts), default=0.0)
     stats = _stats(samples, trajs, slowest("wall_s"), slowest("env_s"), slowest("sample_s"))
     # The sampler's counts are of the collective batch: every share holds the same.
-    stats.update({k: slowest(k) for k in ("prefill_tokens", "prefill_tokens_saved")
-                  if k in parts[0].stats})
+    stats.update({k: slowest(k) for k in PREFILL_KEYS if k in parts[0].stats})
     return RolloutResult(samples, trajs, stats)
 
 
