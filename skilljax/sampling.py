@@ -492,13 +492,18 @@ class Sampler:
         if max(len(t) for t in token_ids) + max_new_tokens > max_pos:
             raise ValueError(f"Prompt plus max_new_tokens exceeds the model's "
                              f"max_position_embeddings={max_pos}.")
-        tokens = np.full((b, p), self.pad_id, np.int32)
-        mask = np.zeros((b, p), np.int32)
-        for i, t in enumerate(token_ids):
-            tokens[i, p - len(t):] = t
-            mask[i, p - len(t):] = 1
+        tokens, mask = self._left_padded(token_ids, b, p)
         mask[len(token_ids):, -1] = 1  # filler rows: one fake token; they start done
         return tokens, mask, p + n, n
+
+    def _left_padded(self, seqs: Sequence[Sequence[int]], rows: int, width: int):
+        """(tokens, mask) [rows, width]: each sequence right-aligned, pad ids before it; rows past
+        the sequences are all padding."""
+        tokens = np.full((rows, width), self.pad_id, np.int32)
+        mask = np.zeros((rows, width), np.int32)
+        for i, t in enumerate(seqs):
+            tokens[i, width - len(t):], mask[i, width - len(t):] = t, 1
+        return tokens, mask
 
     def generate(self, token_ids: Sequence[Sequence[int]], params: SamplingParams,
                  rng: jax.Array, images: Sequence | None = None) -> SampleOutput:
@@ -637,16 +642,10 @@ class Sampler:
         r = bucket_length(max(len(t) - l for t, l in zip(token_ids, row_len)))
         if u * q + b * r > 0.75 * b * p or q + r > p + p // 2:
             return None
-        prefix = np.full((u, q), self.pad_id, np.int32)
-        prefix_mask = np.zeros((u, q), np.int32)
-        for k, x in enumerate(prefixes):  # filler prefix rows: all padding, never read
-            prefix[k, q - len(x):], prefix_mask[k, q - len(x):] = x, 1
-        suffix = np.full((b, r), self.pad_id, np.int32)
-        suffix_mask = np.zeros((b, r), np.int32)
+        prefix, prefix_mask = self._left_padded(prefixes, u, q)  # filler rows: never read
+        suffix, suffix_mask = self._left_padded([t[l:] for t, l in zip(token_ids, row_len)], b, r)
         rows = np.zeros(b, np.int32)  # filler rows: prefix 0 and one fake token; they start done
         rows[:len(token_ids)] = row_prefix
-        for i, (t, l) in enumerate(zip(token_ids, row_len)):
-            suffix[i, r - len(t) + l:], suffix_mask[i, r - len(t) + l:] = t[l:], 1
         suffix_mask[len(token_ids):, -1] = 1
         mask = np.concatenate([prefix_mask[rows], suffix_mask], axis=1)
         computed = (sum(len(prefixes[k]) for k in set(row_prefix.tolist()))
