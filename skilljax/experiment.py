@@ -21,8 +21,9 @@ from skilljax.envs import base as envs_base
 from skilljax.envs.pool import EnvPool, open_pool
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, task_splits, warm_start
-from skilljax.rl.chains import chain_rollout, library_validator, scenarios_of
-from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, rollout
+from skilljax.rl.chains import chain_rollout, library_validator, merge_chains, scenarios_of
+from skilljax.rl.ahead import RolloutsAhead
+from skilljax.rl.rollout import PromptConfig, RolloutConfig, ThinkAction, merge, rollout
 from skilljax.sampling import Sampler, SamplingParams
 from skilljax.skills import projection
 from skilljax.skills.bank import SkillBank
@@ -354,6 +355,41 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
     sampler = Sampler(model, pad_id=tok.pad_id, max_batch=c.sampler.max_batch or None,
                       share_prefix_min=c.sampler.share_prefix_min, compact=c.sampler.compact)
     return Run(c, workdir, pool, bank, tok, model, sampler, fmt, train_tasks, val_tasks, test_tasks)
+
+
+def step_rollout(run: "Run", sampler, share, rcfg, rng, scenarios, catalog, skill_context):
+    """One RL step's rollout of this process's share of tasks, gathered from every process:
+    (this process's part, the whole step's RolloutResult, the SAGE chains or None)."""
+    c = run.config
+    if scenarios is not None:
+        local, chains = chain_rollout(
+            sampler, run.tok, run.pool, [scenarios[i] for i in share.tasks], rcfg, rng,
+            length=c.sage.chain_length, num_groups=c.rl.tasks_per_step,
+            validate=library_validator(c), use_library=c.sage.library, seeds=share.seeds,
+            group_ids=share.groups, fmt=run.fmt)
+        res, chains = merge_chains(distributed.allgather_objects((local, chains)),
+                                   c.rl.tasks_per_step)
+        return local, res, chains
+    local = rollout(sampler, run.tok, run.pool, [run.train_tasks[i] for i in share.tasks], rcfg,
+                    rng, seeds=share.seeds, group_ids=share.groups, fmt=run.fmt, catalog=catalog,
+                    skill_context=skill_context)
+    return local, merge(distributed.allgather_objects(local)), None
+
+
+def rollouts_ahead(c, sampler) -> RolloutsAhead | None:
+    """`rl.max_staleness` > 0: rollouts started ahead of their step (`skilljax.rl.ahead`)."""
+    r = c.rl
+    if not r.max_staleness:
+        return None
+    if distributed.count() > 1:
+        raise ValueError(f"rl.max_staleness={r.max_staleness} runs in one process only (a "
+                         "multi-process run samples with collectives); set rl.max_staleness=0.")
+    if not (r.recompute_old_logp and r.behaviour_is_cap > 0):
+        raise ValueError(f"rl.max_staleness={r.max_staleness} trains on samples from older "
+                         "weights: the learner must recompute the old policy and correct for the "
+                         "sampler's with truncated importance weights: set rl.recompute_old_logp="
+                         "true and rl.behaviour_is_cap > 0 (e.g. --config.rl.behaviour_is_cap=2).")
+    return RolloutsAhead(sampler, r.max_staleness)
 
 
 # ---------------------------------------------------------------------------- randomness

@@ -108,3 +108,13 @@ def is_local(path) -> bool:
 def read_metrics(workdir: str | os.PathLike) -> list[dict]:
     path = epath.Path(workdir) / "metrics.jsonl"
     return [row for line in path.read_text().splitlines() if (row := _row(line)) is not None]
+
+
+class NullMetrics:
+    """What processes other than the first write: nothing."""
+
+    def write(self, step, metrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -454,6 +454,16 @@ class Sampler:
             return nnx.state(self.model)
         return self._convert(nnx.state(self.model))
 
+    def snapshot(self) -> "PinnedSampler":
+        """This sampler on a copy of the model's current weights (in the inference layout and
+        compute dtype), which later updates of the model do not touch: what a rollout running
+        while the learner updates (and donates) the weights samples from. It holds one more copy
+        of the weights on the devices while it lives."""
+        state = self.inference_state()
+        if not self._converts:  # the model's own buffers: the learner donates them
+            state = jax.tree.map(jnp.copy, state)
+        return PinnedSampler(self, state)
+
     def _take_cache(self, b: int, s: int) -> qwen.LayerCache:
         """The held cache when it has this shape; otherwise it is freed and a new one made."""
         if self._cache is not None and self._cache[0] == (b, s):
@@ -506,13 +516,15 @@ class Sampler:
         return tokens, mask
 
     def generate(self, token_ids: Sequence[Sequence[int]], params: SamplingParams,
-                 rng: jax.Array, images: Sequence | None = None) -> SampleOutput:
+                 rng: jax.Array, images: Sequence | None = None, *, weights=None
+                 ) -> SampleOutput:
         """Generate for each prompt. `rng`: one key (row i of the whole batch, all processes' prompts
         in process order, samples from `fold_in(rng, i)`) or one key per prompt (shape
         [len(token_ids)]). `images` (a Qwen2.5-VL model): one entry per prompt, None, a list of PIL
         images or a (pixel_values, grid_thw) pair (module doc). Collective in a multi-process run
         (module doc): every process calls it, possibly with no prompts, and bad requests raise on
-        every process alike."""
+        every process alike. `weights`: sample from these (an `inference_state()`) instead of
+        the model's current weights (see `snapshot`)."""
         token_ids = [list(t) for t in token_ids]
         if rng.ndim not in (0, 1) or (rng.ndim == 1 and rng.shape != (len(token_ids),)):
             raise ValueError(f"rng: one key, or one key per prompt ({len(token_ids)}), got keys "
@@ -548,7 +560,7 @@ class Sampler:
         if any(len(p) > 2 for p in parts):  # a process without images sends none
             images = distributed.concat(p[2] if len(p) > 2 else [None] * len(p[0]) for p in parts)
         self._check(all_ids, params, images)  # the whole batch: every process raises alike
-        out = self._generate(all_ids, key_data, params, images)
+        out = self._generate(all_ids, key_data, params, images, weights)
         if not multi:
             return out
         rows = slice(start, start + len(token_ids))
@@ -601,8 +613,8 @@ class Sampler:
         return sum(sum(vl_image.num_image_tokens(x[1], m)) for x in images if x is not None)
 
     def _generate(self, token_ids: list[list[int]], key_data: np.ndarray,
-                  params: SamplingParams, images: list[PromptImages] | None = None
-                  ) -> SampleOutput:
+                  params: SamplingParams, images: list[PromptImages] | None = None,
+                  weights=None) -> SampleOutput:
         rows = len(token_ids)
         chunks = -(-rows // (self.max_batch or rows))
         size = -(-rows // chunks)
@@ -612,7 +624,7 @@ class Sampler:
         # Every chunk with images pads its patches to the largest chunk's bucket: one tower shape.
         units = None if images is None else bucket_length(max(
             self._units(images[lo:lo + size]) for lo in range(0, rows, size)))
-        state = self.inference_state()
+        state = self.inference_state() if weights is None else weights
         outs, timing = [], {}
         for lo in range(0, rows, size):
             out = self._chunk(state, token_ids[lo:lo + size], key_data[lo:lo + size], params,
@@ -799,6 +811,21 @@ class Sampler:
 
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+class PinnedSampler:
+    """A Sampler sampling from fixed weights (`Sampler.snapshot`); everything else is the
+    sampler's (its KV cache, buckets, `last_timing`)."""
+
+    def __init__(self, sampler: Sampler, weights):
+        self.sampler, self.weights = sampler, weights
+
+    def generate(self, token_ids, params: SamplingParams, rng: jax.Array, images=None
+                 ) -> SampleOutput:
+        return self.sampler.generate(token_ids, params, rng, images, weights=self.weights)
+
+    def __getattr__(self, name):
+        return getattr(self.sampler, name)
 
 
 def count_collectives(hlo_text: str) -> dict[str, int]:

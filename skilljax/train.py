@@ -30,29 +30,19 @@ from skilljax import console, distributed, rewards
 from skilljax.envs import base as envs_base
 from skilljax.evaluate import evaluate_run
 from skilljax.experiment import (Keys, Run, advantage_config, build_evolver, build_run,
-                                 curriculum_config, learner_config, reuse_config, warm_start_cache)
-from skilljax.metrics import MetricsWriter
+                                 curriculum_config, learner_config, reuse_config, rollouts_ahead,
+                                 step_rollout, warm_start_cache)
+from skilljax.metrics import MetricsWriter, NullMetrics
 from skilljax.rl import batch as batch_lib
 from skilljax.rl import learner as learner_lib
 from skilljax.rl import losses, warm_start
-from skilljax.rl.chains import chain_rollout, library_validator, merge_chains, scenarios_of
+from skilljax.rl.chains import scenarios_of
 from skilljax.rl.checkpoint import Checkpointer, RunState
-from skilljax.rl.rollout import merge, rollout
 from skilljax.rl.task_stream import TaskStream
 from skilljax.rl.visual import collate_kw
 from skilljax.skills.curriculum import Curriculum
 from skilljax.skills.evolver import Evolver, episodes_from
 from skilljax.skills.segmentation import SegmentationCost
-
-
-class _NoMetrics:
-    """What processes other than the first write: nothing."""
-
-    def write(self, step, metrics) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
@@ -109,7 +99,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                              tensorboard=c.metrics.tensorboard,
                              wandb_project=c.metrics.wandb_project or None,
                              wandb_mode=c.metrics.wandb_mode or None)
-               if distributed.is_main() else _NoMetrics())
+               if distributed.is_main() else NullMetrics())
 
     # ------------------------------------------------------------------ warm start
     if state.warm_start is None and c.sft.steps > 0:
@@ -162,32 +152,36 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                         c.rl.tasks_per_step, c.seed)
     if state.task_stream or state.step:  # (checkpoints older than the stream: its position)
         stream.set_state(state.task_stream or {"next_index": state.step})
-    progress = console.bar(c.rl.steps, "RL", initial=min(state.step, c.rl.steps))
-    for step in range(state.step + 1, c.rl.steps + 1):
-        t0 = time.time()
-        console.set_step(step)
+    ahead = rollouts_ahead(c, run.sampler)  # `rl.max_staleness`
+
+    def rollout_of(step: int):
+        """Draw step's tasks; its rollout, as a function of the sampler, with what it sees now."""
         # This process's task groups of this step; the stream's position is in every checkpoint,
         # so a resumed run reads the tasks an uninterrupted one would.
         share = next(stream)
         active = list(curriculum.active) if curriculum is not None else []
         distributed.check_same("the step and active skills", (step, active))
-        # The processes' shares are gathered, so what follows is the same on every process (and
-        # as one process would compute it).
-        if scenarios is not None:
-            local, chains = chain_rollout(
-                run.sampler, run.tok, run.pool, [scenarios[i] for i in share.tasks], rcfg,
-                keys("rollout", step), length=c.sage.chain_length, num_groups=c.rl.tasks_per_step,
-                validate=library_validator(c), use_library=c.sage.library, seeds=share.seeds,
-                group_ids=share.groups, fmt=run.fmt)
-            res, chains = merge_chains(distributed.allgather_objects((local, chains)),
-                                       c.rl.tasks_per_step)
+        ctx, cat, rng = (curriculum.contexts() if curriculum is not None else {}, catalog(),
+                         keys("rollout", step))
+        return lambda sampler: (active, step_rollout(run, sampler, share, rcfg, rng, scenarios,
+                                                     cat, ctx))
+
+    def sync(step: int) -> bool:  # no rollout runs ahead across these (skilljax.rl.ahead)
+        return (step % c.checkpoint.every == 0 or step == c.rl.steps
+                or (curriculum is not None and curriculum.due(step))
+                or (evolver is not None and evolver.due(step)))
+
+    progress = console.bar(c.rl.steps, "RL", initial=min(state.step, c.rl.steps))
+    for step in range(state.step + 1, c.rl.steps + 1):
+        t0 = time.time()
+        console.set_step(step)
+        if ahead is not None and step in ahead:  # started during an earlier step
+            (active, (local, res, chains)), timing = ahead.take(step)
         else:
-            local = rollout(run.sampler, run.tok, run.pool,
-                            [run.train_tasks[i] for i in share.tasks], rcfg, keys("rollout", step),
-                            seeds=share.seeds, group_ids=share.groups, fmt=run.fmt,
-                            catalog=catalog(),
-                            skill_context=curriculum.contexts() if curriculum is not None else {})
-            res = merge(distributed.allgather_objects(local))
+            active, (local, res, chains) = rollout_of(step)(run.sampler)
+            timing = {} if ahead is None else {"staleness": 0.0}
+        for later in ahead.plan(step, c.rl.steps, sync) if ahead is not None else ():
+            ahead.submit(later, rollout_of(later), step)  # on the weights before this update
         if evolver is not None:  # evidence for the skills called (eq. 7)
             m_evo = evolver.observe(episodes_from(res.trajectories), step)
         terms, m = rewards.reuse_step(reuse, c.env.name, res) if reuse is not None else ([], {})
@@ -211,7 +205,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             m.update(m_evo)
         if run.pool.sidecars:  # e.g. the retrieval service: restarts so far (a died service)
             m["sidecar_restarts"] = len(run.pool.sidecar_events)
-        m.update(rollout_s=time.time() - t0, trained_samples=len(keep),
+        m.update(rollout_s=time.time() - t0)
+        m.update(timing, rollout_wait_s=timing.get("rollout_wait_s", m["rollout_s"]))
+        m.update(trained_samples=len(keep),
                  episodes=len(res.trajectories), episodes_local=len(local.trajectories),
                  reward_mean=float(rewards.trajectory_rewards(res).mean()),
                  shaped_reward_mean=float(rewards.trajectory_rewards(res, terms).mean()),
@@ -230,8 +226,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                     m[k] = float(np.mean([u[k] for u in updates if k in u]))
         m["optimizer_steps"] = len(updates)
         m["step_s"] = time.time() - t0
-        add_time("rollout", m["rollout_s"])
-        add_time("learner", m["step_s"] - m["rollout_s"])
+        add_time("rollout", m["rollout_wait_s"])  # (what a rollout run ahead did not overlap)
+        add_time("learner", m["step_s"] - m["rollout_wait_s"])
 
         # -------------------------------------------------------------- curriculum, evolution
         if curriculum is not None and curriculum.due(step):
@@ -253,6 +249,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             save(step)
 
     progress.close()
+    if ahead is not None:
+        ahead.close()
     console.set_step(None)
 
     # ------------------------------------------------------------------ final evaluation

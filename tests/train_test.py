@@ -91,6 +91,34 @@ def test_runlocal_writes_everything(workdir):
     assert (workdir / "tokenizer" / "tokenizer.json").exists()
 
 
+def test_rollouts_ahead_resume_a_synchronous_run(workdir, tmp_path):
+    """`rl.max_staleness=1` from the fixture's step-2 checkpoint: step 3 follows a sync point (the
+    checkpoint, the curriculum update) and rolls out in line; step 4's rollout runs during step 3,
+    on the weights before step 3's update, and is trained with truncated importance weights."""
+    import shutil
+    wd = tmp_path / "ahead"
+    shutil.copytree(workdir, wd)
+    shutil.rmtree(wd / "checkpoints" / "4")
+    (wd / "summary.json").unlink()
+    args = ("--config", CONFIG + ":runlocal", "--workdir", wd, *REUSE,
+            "--config.rl.max_staleness=1")
+    refused = run_module("skilljax.train", *args, check=False)
+    assert refused.returncode and "rl.behaviour_is_cap > 0 (e.g." in refused.stderr
+    proc = run_module("skilljax.train", *args, "--config.rl.behaviour_is_cap=2")
+    assert "resumed from step 2" in proc.stdout
+    rows = [json.loads(l) for l in (wd / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    sync, ahead = rows[2], rows[3]
+    assert sync["staleness"] == 0 and sync["rollout_wait_s"] == sync["rollout_s"]
+    assert ahead["staleness"] == 1 and ahead["rollout_wait_s"] <= ahead["rollout_s"]
+    # Sampled by the weights one update older than the learner's: they differ (the synchronous
+    # step's behaviour and old policy are the same weights, up to rounding).
+    assert abs(ahead["behaviour_kl"]) > 1e-6 > abs(sync["behaviour_kl"])
+    assert ahead["is_weight_mean"] != 1.0 and 0 <= ahead["is_truncated_frac"] <= 1
+    summary = json.loads((wd / "summary.json").read_text())
+    assert summary["eval"]["final"] and summary["timing_s"]["rollout"] > 0
+
+
 @pytest.mark.slow  # in `bash run.sh test-slow`: an end-to-end run of minutes
 def test_released_step_zero_update_from_the_config(tmp_path):
     """`skills.validate_at_start` + `clamp_start=false`: the released code's update before step 1
