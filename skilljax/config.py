@@ -124,6 +124,7 @@ def base_config() -> ml_collections.ConfigDict:
         recompute_old_logp=True,      # old logprobs from the learner, not the sampler
         behaviour_is_cap=0.0,         # loss × min(π_old / π_sampler, cap) per token (TIS); 0 = off
         max_staleness=0,              # rollouts run ahead of the learner by up to n steps; 0 = sync
+        env_overlap=False,            # half the episodes step their envs while half sample
         advantage="grpo",             # grpo, drgrpo, rloo or gigpo
         group_stats="trajectory",     # "trajectory" (SKILL0 eq. 5) or "step" (released code)
         gigpo_gamma=0.95,             # GiGPO: discount of step returns

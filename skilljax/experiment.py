@@ -65,7 +65,7 @@ def rollout_config(c, *, evaluation: bool) -> RolloutConfig:
         prompt=PromptConfig(role=c.prompt.role, history_length=c.prompt.history_length,
                             show_admissible=c.prompt.show_admissible,
                             max_prompt_tokens=c.prompt.max_prompt_tokens),
-        visual=visual_config(c))
+        visual=visual_config(c), env_overlap=c.rl.env_overlap)
 
 
 def visual_config(c):

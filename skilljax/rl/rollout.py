@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from concurrent import futures
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ import jax
 import numpy as np
 
 from skilljax import distributed
-from skilljax.envs.base import Task
+from skilljax.envs.base import StepResult, Task
 from skilljax.envs.pool import EnvPool
 from skilljax.models import vl_image
 from skilljax.sampling import Sampler, SampleOutput, SamplingParams
@@ -255,6 +256,8 @@ class RolloutConfig:
     sampling: SamplingParams = SamplingParams(max_new_tokens=64)
     prompt: PromptConfig = PromptConfig()
     visual: Any = None  # skilljax.rl.visual.VisualConfig: the history as an image (SKILL0)
+    # Half the episodes step their envs while the other half samples (one process; slow envs).
+    env_overlap: bool = False
 
 
 def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Sequence[Task],
@@ -335,10 +338,11 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     cf_next = dict.fromkeys(range(len(trajs)), 1.0)  # each episode's factor for its next image
     line = getattr(fmt, "image_line", history_line)  # a past step as the image shows it
     in_image = visual is not None and visual.skills_in_image
-    for turn in range(cfg.max_turns):
-        live = [i for i, t in enumerate(trajs) if not t.done]
-        if not (distributed.any_process(bool(live)) if collective else live):
-            break
+
+    def act(live: list[int], turn: int) -> dict[int, str]:
+        """Prompts of the `live` episodes at `turn`, their responses (sampled, or the expert's)
+        as StepSamples, and the actions parsed from them."""
+        nonlocal sample_s
         shown: dict[int, tuple] = {}  # visual: (history text, cf[, pixel values, grid])
 
         def draw(i):
@@ -412,19 +416,18 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                                       out.finish_reasons[j] == "length", counts, state[i],
                                       perturbed=i in perturbed, compression=cf,
                                       image=shown[i][:2] if i in shown else None))
-        if not live:
-            continue
-        t0 = time.perf_counter()
-        results = pool.step(actions)
-        env_s += time.perf_counter() - t0
+        return actions
+
+    def apply(results: Mapping[int, StepResult]) -> None:
+        """The env's answers to one turn's actions, into their episodes."""
         for i, r in results.items():
             t, s = trajs[i], samples[trajs[i].samples[-1]]
             s.reward = r.reward
-            t.actions.append(actions[i])
+            t.actions.append(s.action)
             t.rewards.append(r.reward)
             t.valid.append(s.valid)
             t.env_valid.append(env_applied(r))
-            history[i].append((obs[i], actions[i]))
+            history[i].append((obs[i], s.action))
             t.observations.append(r.observation)
             note = feedback.pop(i, "")
             obs[i] = f"{r.observation} {note}" if note else r.observation
@@ -434,6 +437,54 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 t.done, t.won = True, bool(r.won)
                 t.failure = r.info.get("failure")
                 s.compression = 1.0  # no image follows the last step (as released: 1 when done)
+
+    def env_step(actions: dict[int, str]) -> tuple[dict[int, StepResult], float]:
+        t0 = time.perf_counter()
+        return pool.step(actions), time.perf_counter() - t0
+
+    overlap = cfg.env_overlap and not expert and not collective and len(trajs) > 1
+    if not overlap:
+        for turn in range(cfg.max_turns):
+            live = [i for i, t in enumerate(trajs) if not t.done]
+            if not (distributed.any_process(bool(live)) if collective else live):
+                break
+            actions = act(live, turn)
+            if live:
+                results, seconds = env_step(actions)
+                env_s += seconds
+                apply(results)
+    else:  # two halves of the episodes take turns: one steps its env while the other samples
+        workers = getattr(pool, "num_workers", 1)  # each half spans every env worker
+        halves = [[i for i in range(len(trajs)) if (i // workers) % 2 == h] for h in (0, 1)]
+        if not halves[1]:
+            halves = [halves[0][::2], halves[0][1::2]]
+        pending: list = [None, None]
+        with futures.ThreadPoolExecutor(1, thread_name_prefix="skilljax-env") as env_thread:
+            for turn in range(cfg.max_turns):
+                moved = False
+                for h in (0, 1):
+                    if pending[h] is not None:  # this half's previous turn, stepped meanwhile
+                        results, seconds = pending[h].result()
+                        env_s += seconds
+                        apply(results)
+                        pending[h] = None
+                    live = [i for i in halves[h] if not trajs[i].done]
+                    if live:
+                        pending[h] = env_thread.submit(env_step, act(live, turn))
+                        moved = True
+                if not moved:
+                    break
+            for h in (0, 1):
+                if pending[h] is not None:
+                    results, seconds = pending[h].result()
+                    env_s += seconds
+                    apply(results)
+        # Laid out as the sequential loop lays them: by turn, then episode.
+        order = sorted(range(len(samples)), key=lambda k: (samples[k].step, samples[k].episode))
+        where = {k: n for n, k in enumerate(order)}
+        samples[:] = [samples[k] for k in order]
+        for t in trajs:
+            t.samples = [where[k] for k in t.samples]
     stats = _stats(samples, trajs, time.perf_counter() - t_start, env_s, sample_s)
     if not expert:
         stats.update(prefill)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -180,6 +182,31 @@ def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool):
     assert [t.samples for t in merged.trajectories] == [t.samples for t in whole.trajectories]
     assert merged.stats["success_rate"] == whole.stats["success_rate"]
     assert merged.stats["env_steps"] == whole.stats["env_steps"] == len(whole.samples)
+
+
+def test_env_overlap_plays_the_same_rollout(tok, pool):
+    """`env_overlap`: half the episodes step their envs while the other half samples. Rows are
+    keyed per episode, so the halves sample the same tokens as the whole batch: the same
+    trajectories and step samples, in the same order; logprobs equal up to the batch's shape."""
+    _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
+    sampler = Sampler(model, pad_id=tok.pad_id)
+    tasks = Chores.make_tasks("train", 3, seed=2)
+    cfg = RolloutConfig(group_size=3, max_turns=4,
+                        sampling=SamplingParams(max_new_tokens=10, temperature=1.0))
+    seeds, key = [3, 8, 1], jax.random.key(5)
+    plain = rollout(sampler, tok, pool, tasks, cfg, key, seeds=seeds)
+    calls = Recording(sampler)
+    both = rollout(calls, tok, pool, tasks, dataclasses.replace(cfg, env_overlap=True), key,
+                   seeds=seeds)
+    assert len(calls.calls) == 2 * len({s.step for s in plain.samples})  # two halves a turn
+    assert {len(c[0]) for c in calls.calls[:2]} == {4, 5}  # 9 episodes, 2 env workers
+    assert [(t.task.id, t.actions, t.rewards, t.won, t.samples) for t in both.trajectories] == \
+        [(t.task.id, t.actions, t.rewards, t.won, t.samples) for t in plain.trajectories]
+    assert [(s.episode, s.step, s.prompt_ids, s.response_ids, s.valid) for s in both.samples] == \
+        [(s.episode, s.step, s.prompt_ids, s.response_ids, s.valid) for s in plain.samples]
+    for a, b in zip(both.samples, plain.samples):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert both.stats["success_rate"] == plain.stats["success_rate"]
 
 
 def test_scripted_responses_valid_invalid_and_bytes(tok, pool):
