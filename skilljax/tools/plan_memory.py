@@ -19,7 +19,9 @@ is allocated and no accelerator is needed. Shapes are the config's:
 Bytes per device are arguments + outputs − donated (aliased) buffers + temporaries (for bfloat16
 compute on the CPU backend, temporaries of the float32-compute compile: see `plan`). The parameters
 and optimizer state stay resident while sampling, so `sampling_peak_bytes_per_device` adds them to
-the larger of prefill and decode. CPU compilation stands in for the accelerator's: layouts and
+the larger of prefill and decode; with `rl.max_staleness` > 0 (rollouts beside the update),
+`async_peak_bytes_per_device` is the train step plus the larger of prefill and decode, plus one
+weight snapshot per further step of staleness. CPU compilation stands in for the accelerator's: layouts and
 fusion differ somewhat (expect temporaries within tens of percent). The last stdout line is JSON
 with `devices, params, train_bytes_per_device, prefill_bytes_per_device, decode_bytes_per_device,
 compile_s` and more.
@@ -161,8 +163,20 @@ def plan(c) -> dict:
     # Parameters and optimizer state stay resident while the sampler runs.
     out["sampling_peak_bytes_per_device"] = out["train_state_bytes_per_device"] + max(
         out["prefill_bytes_per_device"], out["decode_bytes_per_device"])
+    if c.rl.max_staleness:  # rollouts run beside the update (skilljax.rl.ahead): both at once,
+        # plus a weight snapshot (compute dtype, tensor-parallel layout) per further started step
+        snapshot = cfg.num_params() * jnp_itemsize(cfg.dtype) // layout.mesh.shape.get("tp", 1)
+        out["async_peak_bytes_per_device"] = (
+            out["train_bytes_per_device"] + max(out["prefill_bytes_per_device"],
+                                                out["decode_bytes_per_device"])
+            + (c.rl.max_staleness - 1) * snapshot)
     out["compile_s"] = sum(compiled[k][1] for k in ("train", "prefill", "decode"))
     return out
+
+
+def jnp_itemsize(dtype: str) -> int:
+    import numpy as np
+    return 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
 
 
 def table(p: dict) -> str:
@@ -179,6 +193,9 @@ def table(p: dict) -> str:
                        f"(compiled in {p['decode_compile_s']:.1f} s)"),
             ("sampling peak", f"{p['sampling_peak_bytes_per_device'] / GB:.2f} GB/device "
                               "(state resident + the larger of prefill and decode)")]
+    if "async_peak_bytes_per_device" in p:
+        rows.append(("async peak", f"{p['async_peak_bytes_per_device'] / GB:.2f} GB/device "
+                                   "(rl.max_staleness: train step + sampling beside it)"))
     return "\n".join(f"{k:<16} {v}" for k, v in rows)
 
 

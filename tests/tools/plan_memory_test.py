@@ -17,7 +17,8 @@ KEYS = ("devices", "params", "train_bytes_per_device", "prefill_bytes_per_device
 def test_plan_memory_on_a_fake_mesh():
     proc = run_module("skilljax.tools.plan_memory", "--config", "configs/alfworld_skill0.py:runlocal",
                       "--mesh", "fsdp=4", "--config.model.dtype=bfloat16",
-                      "--config.model.lora.rank=2", "--config.prompt.max_prompt_tokens=256")
+                      "--config.model.lora.rank=2", "--config.prompt.max_prompt_tokens=256",
+                      "--config.rl.max_staleness=2")
     plan = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(k in plan for k in KEYS), plan
     assert plan["devices"] == 4 and plan["lora_rank"] == 2
@@ -30,6 +31,10 @@ def test_plan_memory_on_a_fake_mesh():
     for name in ("train", "prefill", "decode"):
         assert 0 < plan[f"{name}_bytes_per_device"]
     assert plan["sampling_peak_bytes_per_device"] >= plan["decode_bytes_per_device"]
+    # Rollouts beside the update: both at once, and a second weight snapshot (bfloat16, tp=1).
+    assert plan["async_peak_bytes_per_device"] == (
+        plan["train_bytes_per_device"] + plan["params"] * 2
+        + max(plan["prefill_bytes_per_device"], plan["decode_bytes_per_device"]))
     assert "train step" in proc.stdout  # the table before the JSON
 
 
