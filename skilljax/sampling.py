@@ -251,10 +251,13 @@ def _prefill_shared(graphdef, state, cache, prefix_UQ, prefix_mask_UQ, row_prefi
     """`_prefill` for rows that share prompt prefixes: each of the U distinct prefixes [U, Q] runs
     once, its keys and values are copied into the cache rows of the prompts that start with it
     (`row_prefix_B`), and each row's own suffix [B, R] runs over them at slots Q.. (`mask_BP`: the
-    whole prompts' mask [B, Q + R], prefix part first). Positions count real tokens as in
-    `_prefill`, so a row's keys, values and logits are those of its whole prompt."""
+    whole prompts' mask [B, P], prefix part first, then the suffix, then P - Q - R empty slots
+    that make P a prompt bucket: the decode that follows is the unshared path's program).
+    Positions count real tokens as in `_prefill`, so a row's keys, values and logits are those of
+    its whole prompt."""
     model = nnx.merge(graphdef, state)
     (u, q), (b, r), s = prefix_UQ.shape, suffix_BR.shape, cache.k_LBKSH.shape[3]
+    p = mask_BP.shape[1]
     layers, _, kv, _, h = cache.k_LBKSH.shape
     put = lambda x: shd.constrain(x, qwen.CACHE_AXES, model.layout)
     small = qwen.LayerCache(*(put(jnp.zeros((layers, u, kv, q, h), c.dtype)) for c in cache))
@@ -263,9 +266,9 @@ def _prefill_shared(graphdef, state, cache, prefix_UQ, prefix_mask_UQ, row_prefi
                             causal_QQ[None] & prefix_mask_UQ.astype(bool)[:, None, :], small, 0)
     cache = qwen.LayerCache(*(jax.lax.dynamic_update_slice(c, put(x[:, row_prefix_B]), (0,) * 5)
                               for c, x in zip(cache, small)))
-    valid_BS = jnp.zeros((b, s), bool).at[:, :q + r].set(mask_BP.astype(bool))
+    valid_BS = jnp.zeros((b, s), bool).at[:, :p].set(mask_BP.astype(bool))
     causal_RS = jnp.arange(s)[None, :] <= (q + jnp.arange(r))[:, None]
-    h_BRD, cache = model.hidden(suffix_BR, qwen.positions_from_mask(mask_BP)[:, q:],
+    h_BRD, cache = model.hidden(suffix_BR, qwen.positions_from_mask(mask_BP)[:, q:q + r],
                                 causal_RS[None] & valid_BS[:, None, :], cache, q)
     return model.logits(h_BRD[:, -1:])[:, 0], cache
 
@@ -488,7 +491,7 @@ class Sampler:
 
     def _put(self, x: np.ndarray, axes):
         if self.layout is None:
-            return jnp.asarray(x)
+            return jax.device_put(x)  # (jnp.asarray compiles a program per shape)
         return distributed.put_rows(x, self.layout.sharding(x.shape, axes))
 
     def prepare(self, token_ids: Sequence[Sequence[int]], max_new_tokens: int, *,
@@ -524,9 +527,16 @@ class Sampler:
         images or a (pixel_values, grid_thw) pair (module doc). Collective in a multi-process run
         (module doc): every process calls it, possibly with no prompts, and bad requests raise on
         every process alike. `weights`: sample from these (an `inference_state()`) instead of
-        the model's current weights (see `snapshot`)."""
+        the model's current weights (see `snapshot`). `rng` may also be raw key data, one row
+        per prompt (a uint32 numpy array [prompts, key words], `jax.random.key_data` of the keys):
+        no device work, so no small program compiled for each number of prompts."""
         token_ids = [list(t) for t in token_ids]
-        if rng.ndim not in (0, 1) or (rng.ndim == 1 and rng.shape != (len(token_ids),)):
+        raw = isinstance(rng, np.ndarray)
+        if raw and (rng.ndim != 2 or len(rng) != len(token_ids) or rng.dtype != np.uint32):
+            raise ValueError(f"rng as key data: uint32 [{len(token_ids)}, key words], one row per "
+                             f"prompt; got {rng.dtype} {rng.shape}.")
+        if not raw and (rng.ndim not in (0, 1)
+                        or (rng.ndim == 1 and rng.shape != (len(token_ids),))):
             raise ValueError(f"rng: one key, or one key per prompt ({len(token_ids)}), got keys "
                              f"of shape {rng.shape}.")
         if images is not None:
@@ -541,9 +551,12 @@ class Sampler:
         if rng.ndim == 0 and multi:  # this process's rows' positions in the whole batch
             counts = distributed.allgather_objects(len(token_ids))
             start = sum(counts[:distributed.index()])
-        keys = (jax.vmap(jax.random.fold_in, (None, 0))(rng, start + jnp.arange(len(token_ids)))
-                if rng.ndim == 0 else rng)
-        key_data = np.asarray(jax.random.key_data(keys))  # [rows, key words]
+        if raw:
+            key_data = rng
+        else:
+            keys = (jax.vmap(jax.random.fold_in, (None, 0))(rng, start + jnp.arange(len(token_ids)))
+                    if rng.ndim == 0 else rng)
+            key_data = np.asarray(jax.random.key_data(keys))  # [rows, key words]
         if multi:
             mine = (token_ids, key_data) if images is None else (token_ids, key_data, images)
             parts = distributed.allgather_objects(mine)
@@ -645,26 +658,31 @@ class Sampler:
     def _share_plan(self, token_ids: list[list[int]], b: int, p: int, n: int):
         """The shared-prefix prefill of a chunk (`_prefill_shared`), or None where it would not
         save a quarter of the padded prefill tokens (or would stretch the cache by over half the
-        prompt bucket): (prompt mask [b, Q + R], cache length, its device arguments but the mask,
-        prompt tokens it computes)."""
+        prompt bucket): (prompt mask [b, P], cache length, its device arguments but the mask,
+        prompt tokens it computes). P is the bucket of Q + R, so the cache and the decode have
+        the shapes of an unshared batch (one decode program for both paths)."""
         prefixes, row_prefix, row_len = share_prefixes(token_ids, self.share_prefix_min)
         row_len = row_len.tolist()
-        u = self._batch_bucket(len(prefixes))
+        # Prefix rows in powers of two (not the 1.5x buckets): fewer shapes of plans in a run
+        # (each compiled program costs XLA:CPU hundreds of memory mappings, `skilljax.jit_cache`).
+        u = self._batch_bucket(1 << (len(prefixes) - 1).bit_length())
         q = bucket_length(max(len(x) for x in prefixes))
         r = bucket_length(max(len(t) - l for t, l in zip(token_ids, row_len)))
-        if u * q + b * r > 0.75 * b * p or q + r > p + p // 2:
+        if u * q + b * r > 0.75 * b * p or bucket_length(q + r) > p + p // 2:
             return None
         prefix, prefix_mask = self._left_padded(prefixes, u, q)  # filler rows: never read
         suffix, suffix_mask = self._left_padded([t[l:] for t, l in zip(token_ids, row_len)], b, r)
         rows = np.zeros(b, np.int32)  # filler rows: prefix 0 and one fake token; they start done
         rows[:len(token_ids)] = row_prefix
         suffix_mask[len(token_ids):, -1] = 1
-        mask = np.concatenate([prefix_mask[rows], suffix_mask], axis=1)
+        width = bucket_length(q + r)
+        mask = np.concatenate([prefix_mask[rows], suffix_mask,
+                               np.zeros((b, width - q - r), np.int32)], axis=1)
         computed = (sum(len(prefixes[k]) for k in set(row_prefix.tolist()))
                     + int(sum(len(t) - l for t, l in zip(token_ids, row_len))))
         args = (self._put(prefix, ("batch", "seq")), self._put(prefix_mask, ("batch", "seq")),
                 self._put(rows, ("batch",)), self._put(suffix, ("batch", "seq")))
-        return mask, q + r + n, args, computed
+        return mask, width + n, args, computed
 
     def _vision_args(self, tokens: np.ndarray, mask: np.ndarray, images: list[PromptImages],
                      units: int):
@@ -726,8 +744,9 @@ class Sampler:
                                         np.zeros(b, bool))
         logp, slogp = np.zeros((b, n), np.float32), np.zeros((b, n), np.float32)
         # Rows of the decoding batch → rows of the chunk (-1: filler). Once at most half the rows
-        # are live, the loop stops and the live rows go on in a batch of their bucket: finished
-        # rows stop costing compute (one decode compile per batch bucket).
+        # are live, the loop stops and the live rows go on in the smallest batch of the halving
+        # chain b → bucket(b / 2) → ... that holds them: finished rows stop costing compute (one
+        # decode compile per batch on the chain).
         where, step, width = np.arange(b), 0, b
         where[len(token_ids):] = -1
         host = {"mask": mask, "keys": keys, "delta": to_host(delta[0]) if delta else None}
@@ -748,7 +767,8 @@ class Sampler:
             step = end
             if step >= params.max_new_tokens or live.size == 0:
                 break
-            width = self._batch_bucket(live.size)
+            while (half := self._batch_bucket(max(width // 2, 1))) < width and half >= live.size:
+                width = half  # down the halving chain from b: few (batch, cache) programs
             take = np.zeros(width, np.int32)  # filler rows: a copy of row 0, started done
             take[:live.size] = live
             cache, logits = self._compact(cache, logits, self._put(take, ("batch",)))

@@ -26,7 +26,7 @@ import numpy as np
 from etils import epath
 
 from skilljax import config as config_lib
-from skilljax import console, distributed, rewards
+from skilljax import console, distributed, jit_cache, rewards
 from skilljax.envs import base as envs_base
 from skilljax.evaluate import evaluate_run
 from skilljax.experiment import (Keys, Run, advantage_config, build_evolver, build_run,
@@ -194,8 +194,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         bonus = (rewards.compression_bonus(res, v.compression_coef, v.compression_failure_coef)
                  if v.enabled and v.agent_compression
                  and rewards.compression_due(step, v.compression_every) else None)
-        adv = losses.advantages(c.rl.advantage, rewards.step_scores(
-            res, c.rl.invalid_penalty, terms, step_bonus=bonus), adv_cfg)
+        adv = np.asarray(losses.advantages(c.rl.advantage, rewards.step_scores(
+            res, c.rl.invalid_penalty, terms, step_bonus=bonus), adv_cfg))
         keep = [i for i in range(len(res.samples))
                 if not (c.rl.drop_zero_advantage and abs(adv[i]) < 1e-8)]
         m.update(res.stats)
@@ -247,6 +247,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         if step % c.checkpoint.every == 0 or step == c.rl.steps:
             state.task_stream = stream.get_state()
             save(step)
+        if ahead is None or not ahead.busy:  # (XLA:CPU: bounded memory mappings)
+            jit_cache.trim()
 
     progress.close()
     if ahead is not None:

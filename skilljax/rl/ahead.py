@@ -64,6 +64,11 @@ class RolloutsAhead:
         self._pending[step] = (self._worker.submit(_timed, fn, pinned), now)
         self._last = step
 
+    @property
+    def busy(self) -> bool:
+        """Whether a started rollout has not been taken yet."""
+        return bool(self._pending)
+
     def __contains__(self, step: int) -> bool:
         return step in self._pending
 

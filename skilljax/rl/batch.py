@@ -161,7 +161,7 @@ def rows(host: dict[str, np.ndarray], idx: np.ndarray, real: int) -> dict[str, n
 def place(x: np.ndarray, layout: shd.Layout | None) -> jax.Array:
     """A host array with rows first onto the mesh, rows sharded over the batch axes."""
     if layout is None:
-        return jnp.asarray(x)
+        return jax.device_put(np.asarray(x))  # (jnp.asarray compiles a program per shape)
     return distributed.put_rows(np.asarray(x), layout.sharding(
         x.shape, ("batch",) + (None,) * (x.ndim - 1)))
 

@@ -78,6 +78,11 @@ def _rloo(values, seg, n, eps, scores_for, seg_for):
 ADVANTAGES: dict[str, Callable] = {"grpo": _grpo, "drgrpo": _drgrpo, "rloo": _rloo}
 
 
+def _device(x) -> jax.Array:
+    """Host values as a float32 device array (jnp.asarray would compile a program per length)."""
+    return jax.device_put(np.asarray(x, np.float32))
+
+
 def group_advantages(scores, group_ids, kind: str = "grpo", eps: float = 1e-6,
                      traj_ids=None) -> jax.Array:
     """One advantage per step sample from its scalar score and its group (the G rollouts of a task).
@@ -103,7 +108,7 @@ def group_advantages(scores, group_ids, kind: str = "grpo", eps: float = 1e-6,
     if len(seg) != len(scores):
         raise ValueError(f"{len(scores)} scores but {len(seg)} group ids.")
     if traj_ids is None:
-        return jnp.asarray(ADVANTAGES[kind](scores, seg, n, eps, scores, seg), jnp.float32)
+        return _device(ADVANTAGES[kind](scores, seg, n, eps, scores, seg))
     if len(np.asarray(traj_ids).reshape(-1)) != len(scores):
         raise ValueError(f"{len(scores)} scores but {len(np.asarray(traj_ids).reshape(-1))} "
                          "trajectory ids.")
@@ -113,7 +118,7 @@ def group_advantages(scores, group_ids, kind: str = "grpo", eps: float = 1e-6,
     traj_group = np.zeros(tn, np.int64)
     traj_group[tseg] = seg
     traj_adv = ADVANTAGES[kind](traj_score, traj_group, n, eps, traj_score, traj_group)
-    return jnp.asarray(traj_adv[tseg] + (scores - traj_score[tseg]), jnp.float32)
+    return _device(traj_adv[tseg] + (scores - traj_score[tseg]))
 
 
 def discounted_returns(rewards, traj_ids, step_index, gamma: float) -> np.ndarray:
@@ -150,7 +155,7 @@ def gigpo_advantages(episode_scores, step_rewards, group_ids, traj_ids, step_ind
     sn = len(keys)
     step = ADVANTAGES[kind](returns, step_seg, sn, eps, returns, step_seg)
     step = np.where(np.bincount(step_seg, minlength=sn)[step_seg] > 1, step, 0.0)  # no peers → 0
-    return jnp.asarray(episode + step_weight * step, jnp.float32)
+    return _device(episode + step_weight * step)
 
 
 # ----------------------------------------------------------------------------- by name

@@ -17,6 +17,7 @@ Prompt layout and action parsing follow the released SKILL0 ALFWorld manager
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from concurrent import futures
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from skilljax import distributed
@@ -307,9 +309,11 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     group_ids = list(group_ids) if group_ids is not None else list(range(n_groups))
     trajs = [Trajectory(task, group_ids[i // g], seeds[i // g]) for i, task in
              enumerate(t for t in tasks for _ in range(g))]
-    episode_keys = jax.vmap(lambda grp, m: jax.random.fold_in(jax.random.fold_in(rng, grp), m))(
-        np.asarray([t.group for t in trajs], np.int32), np.arange(len(trajs), dtype=np.int32) % g
-    ) if trajs and not expert else None
+    # Key data of every episode's turns, made at once (per-turn device ops would compile a small
+    # program for each number of live episodes).
+    turn_keys = np.asarray(_turn_keys(rng, np.asarray([t.group for t in trajs], np.int32),
+                                      np.arange(len(trajs), dtype=np.int32) % g, cfg.max_turns)
+                           ) if trajs and not expert else None
     collective = not expert and distributed.count() > 1
     contexts = [skill_text(skill_context, t.task) for t in trajs]
     params = dataclasses.replace(cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids
@@ -380,8 +384,8 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 for j in range(len(live)):
                     _replace(out, j, out.token_ids[j][:-1] + tag + out.token_ids[j][-1:])
         else:
-            keys = (jax.vmap(jax.random.fold_in, (0, None))(episode_keys[np.asarray(live)], turn)
-                    if live else jax.random.split(rng, 0))
+            keys = (turn_keys[np.asarray(live), turn] if live else
+                    np.zeros((0, jax.random.key_data(rng).shape[-1]), np.uint32))
             images = {"images": [shown[i][2:] for i in live]} if visual is not None else {}
             out = sampler.generate([p.ids for p in prompts], params, keys, **images)
             timing = getattr(sampler, "last_timing", {})  # (a stand-in sampler may not count)
@@ -489,6 +493,17 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     if not expert:
         stats.update(prefill)
     return RolloutResult(samples, trajs, stats)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _turn_keys(rng, groups_E, members_E, turns: int) -> jax.Array:
+    """Key data [E, turns, words]: episode e's turn t samples from
+    fold_in(fold_in(fold_in(rng, group), member), t)."""
+    member = jax.vmap(lambda grp, m: jax.random.fold_in(jax.random.fold_in(rng, grp), m))(
+        groups_E, members_E)
+    keys = jax.vmap(lambda k: jax.vmap(lambda t: jax.random.fold_in(k, t))(
+        jnp.arange(turns)))(member)
+    return jax.random.key_data(keys)
 
 
 # Prompt tokens of a rollout's sampler calls, and those the shared-prefix prefill did not run.
