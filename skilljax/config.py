@@ -40,6 +40,8 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0                        # model init, task sampling, rollouts, curriculum ties
     c.mesh = ""                       # device mesh, e.g. "fsdp=8" or "data=2,tensor=4"; "" = one device
+    # Compiled programs kept on disk and reused by later runs (and after jit_cache.trim); "" = off.
+    c.compilation_cache_dir = "~/.cache/skilljax/xla"
     c.env = dict(
         name="chores",                # environment (skilljax.envs registry)
         workers=16,                   # env worker processes of the pool

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 from etils import epath
 
-from skilljax import console, distributed, models
+from skilljax import console, distributed, jit_cache, models
 from skilljax import sharding as shd
 from skilljax.envs import base as envs_base
 from skilljax.envs.pool import EnvPool, open_pool
@@ -330,6 +330,7 @@ def build_run(c, workdir, *, train_tokenizer: bool = True) -> Run:
     `train_tokenizer`, a workdir with no tokenizer (and no other source of one) is an error."""
     workdir = epath.Path(workdir)  # local or remote (gs://...)
     workdir.mkdir(parents=True, exist_ok=True)
+    jit_cache.use_disk_cache(c.compilation_cache_dir)
     if c.mesh and not distributed.active():  # a launcher sets devices per process
         from skilljax.tools import request_host_devices
         request_host_devices(c.mesh)

@@ -7,18 +7,47 @@ lengths) reaches the kernel's `vm.max_map_count` (65,530 by default), and the ne
 ("LLVM compilation error: Cannot allocate memory", then a segmentation fault): the default
 experiment did at RL step 85. `trim` drops JAX's compiled programs once the process holds a share
 of that limit; the programs still in use compile again at their next call (seconds to a minute on
-this CPU). Accelerator backends keep their programs in device memory and are not affected.
+this CPU; from the disk cache, `use_disk_cache`, a fraction of that). Accelerator backends keep
+their programs in device memory and are not affected.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import os
+import platform
 
 import jax
 
 from skilljax import console
 
 MAPS, LIMIT = "/proc/self/maps", "/proc/sys/vm/max_map_count"
+
+
+def use_disk_cache(directory: str, min_compile_s: float = 0.5) -> None:
+    """Keep compiled programs in `directory` (JAX's persistent compilation cache; "" = off): a
+    later run, or this one after `trim`, loads the programs it compiled instead of compiling
+    them again (the tiny preset's sampler: 3.9 s to compile, 0.6 s to load)."""
+    if not directory:
+        return
+    # One folder per JAX version and host CPU: a home directory shared by machines of other CPUs
+    # (a cluster's) must not hand one machine another's machine code.
+    path = os.path.join(os.path.expanduser(directory), f"jax{jax.__version__}-{_host_id()}")
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_s)
+
+
+def _host_id() -> str:
+    """A short hash of the CPU's model and instruction-set flags."""
+    text = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            text += "".join(sorted({line for line in f if line.startswith(("flags", "model name"))}))
+    except OSError:
+        pass
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def map_count(path: str = MAPS) -> int | None:

@@ -23,3 +23,16 @@ def test_trim_drops_compiled_programs_past_the_share_of_the_limit(tmp_path):
     assert jit_cache.map_count(str(tmp_path / "none")) is None
     held = jit_cache.map_count()
     assert jit_cache.trim(0.6) == (held >= 0.6 * jit_cache.map_limit())
+
+
+def test_disk_cache_folder_per_jax_version_and_cpu(tmp_path):
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jit_cache.use_disk_cache(str(tmp_path / "xla"))
+        (folder,) = (tmp_path / "xla").iterdir()
+        assert folder.name.startswith(f"jax{jax.__version__}-")
+        assert jax.config.jax_compilation_cache_dir == str(folder)
+        jit_cache.use_disk_cache("")  # off: nothing changes
+        assert jax.config.jax_compilation_cache_dir == str(folder)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
