@@ -30,6 +30,13 @@ def tok():
 
 
 @pytest.fixture(scope="module")
+def sampler(tok):
+    """A random one-layer policy over the fixture tokenizer's vocabulary."""
+    _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
+    return Sampler(model, pad_id=tok.pad_id)
+
+
+@pytest.fixture(scope="module")
 def pool():
     with EnvPool("chores", num_workers=2) as p:
         yield p
@@ -110,9 +117,8 @@ def test_think_action_parsing(text, action, valid):
     assert (got_action, got_valid) == (action, valid) and (reason == "") == valid
 
 
-def test_rollout_records_exactly_what_the_sampler_saw(tok, pool):
-    _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
-    rec = Recording(Sampler(model, pad_id=tok.pad_id))
+def test_rollout_records_exactly_what_the_sampler_saw(tok, pool, sampler):
+    rec = Recording(sampler)
     tasks = Chores.make_tasks("train", 2, seed=0)
     cfg = RolloutConfig(group_size=3, max_turns=4,
                         sampling=SamplingParams(max_new_tokens=12, temperature=1.0),
@@ -142,7 +148,7 @@ def test_rollout_records_exactly_what_the_sampler_saw(tok, pool):
     longest = max(len(s.prompt_ids) + len(s.response_ids) for s in res.samples)
     t = arrays["tokens_BT"].shape[1]
     assert t == bucket_length(longest) >= longest  # one bucket policy
-    logp, _ = learner.token_logprobs(model, arrays["tokens_BT"], arrays["attn_mask_BT"])
+    logp, _ = learner.token_logprobs(sampler.model, arrays["tokens_BT"], arrays["attn_mask_BT"])
     mask = arrays["loss_mask_BT"] > 0
     np.testing.assert_allclose(np.asarray(logp)[mask], arrays["old_logp_BT"][mask], atol=2e-5)
     assert mask.sum() == sum(len(s.response_ids) for s in res.samples)
@@ -158,12 +164,10 @@ def test_rollout_records_exactly_what_the_sampler_saw(tok, pool):
         assert not padded[k][:, t:].any() or k == "tokens_BT"
 
 
-def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool):
+def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool, sampler):
     """What processes do under jax.distributed, in one process: each plays a share of the task
     groups (`group_ids`: their positions in the whole batch); merged, the shares equal one rollout of all
     tasks: the same trajectories, step samples in the same order, the same sampled tokens."""
-    _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
-    sampler = Sampler(model, pad_id=tok.pad_id)
     tasks = Chores.make_tasks("train", 3, seed=1)
     cfg = RolloutConfig(group_size=2, max_turns=3,
                         sampling=SamplingParams(max_new_tokens=10, temperature=1.0))
@@ -184,12 +188,10 @@ def test_shares_of_a_batch_merge_into_the_whole_rollout(tok, pool):
     assert merged.stats["env_steps"] == whole.stats["env_steps"] == len(whole.samples)
 
 
-def test_env_overlap_plays_the_same_rollout(tok, pool):
+def test_env_overlap_plays_the_same_rollout(tok, pool, sampler):
     """`env_overlap`: half the episodes step their envs while the other half samples. Rows are
     keyed per episode, so the halves sample the same tokens as the whole batch: the same
     trajectories and step samples, in the same order; logprobs equal up to the batch's shape."""
-    _, model = models.load("tiny", vocab_size=tok.vocab_size, num_layers=1, seed=0)
-    sampler = Sampler(model, pad_id=tok.pad_id)
     tasks = Chores.make_tasks("train", 3, seed=2)
     cfg = RolloutConfig(group_size=3, max_turns=4,
                         sampling=SamplingParams(max_new_tokens=10, temperature=1.0))
