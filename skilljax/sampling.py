@@ -402,8 +402,9 @@ class Sampler:
     whole first prompt, then the task and skill text of every turn) prefill the shared part once
     (`share_prefixes`, `_prefill_shared`; 0 = off; text prompts only). `last_timing` counts the
     prompt tokens (`prefill_tokens`) and those the model ran (`prefill_tokens_computed`).
-    `compact`: once at most half a batch's rows are still decoding, they go on as a batch of their
-    own bucket (finished rows stop costing compute; one decode compile per batch bucket).
+    `compact`: once at most half a batch's rows are still decoding, they go on in the smallest
+    batch of the halving chain b → bucket(b / 2) → ... that holds them (finished rows stop costing
+    compute; one decode compile per batch on the chain).
     """
 
     def __init__(self, model: qwen.Qwen, *, pad_id: int = 0, max_top_k: int = 64,
