@@ -21,8 +21,8 @@ compute on the CPU backend, temporaries of the float32-compute compile: see `pla
 and optimizer state stay resident while sampling, so `sampling_peak_bytes_per_device` adds them to
 the larger of prefill and decode; with `rl.max_staleness` > 0 (rollouts beside the update),
 `async_peak_bytes_per_device` is the train step plus the larger of prefill and decode, plus one
-weight snapshot per further step of staleness. CPU compilation stands in for the accelerator's: layouts and
-fusion differ somewhat (expect temporaries within tens of percent). The last stdout line is JSON
+weight snapshot per further step of staleness. CPU compilation stands in for the accelerator's:
+layouts and fusion differ somewhat (expect temporaries within tens of percent). The last stdout line is JSON
 with `devices, params, train_bytes_per_device, prefill_bytes_per_device, decode_bytes_per_device,
 compile_s` and more.
 """
@@ -165,18 +165,17 @@ def plan(c) -> dict:
         out["prefill_bytes_per_device"], out["decode_bytes_per_device"])
     if c.rl.max_staleness:  # rollouts run beside the update (skilljax.rl.ahead): both at once,
         # plus a weight snapshot (compute dtype, tensor-parallel layout) per further started step
-        snapshot = cfg.num_params() * jnp_itemsize(cfg.dtype) // layout.mesh.shape.get("tp", 1)
+        import jax.numpy as jnp
+
+        from skilljax.models import qwen
+        snapshot = (cfg.num_params() * jnp.dtype(qwen.DTYPES[cfg.dtype]).itemsize
+                    // layout.mesh.shape["tensor"])
         out["async_peak_bytes_per_device"] = (
             out["train_bytes_per_device"] + max(out["prefill_bytes_per_device"],
                                                 out["decode_bytes_per_device"])
             + (c.rl.max_staleness - 1) * snapshot)
     out["compile_s"] = sum(compiled[k][1] for k in ("train", "prefill", "decode"))
     return out
-
-
-def jnp_itemsize(dtype: str) -> int:
-    import numpy as np
-    return 2 if dtype in ("bfloat16", "float16") else np.dtype(dtype).itemsize
 
 
 def table(p: dict) -> str:
