@@ -313,7 +313,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
     # program for each number of live episodes).
     turn_keys = np.asarray(_turn_keys(rng, np.asarray([t.group for t in trajs], np.int32),
                                       np.arange(len(trajs), dtype=np.int32) % g, cfg.max_turns)
-                           ) if trajs and not expert else None
+                           ) if not expert else None
     collective = not expert and distributed.count() > 1
     contexts = [skill_text(skill_context, t.task) for t in trajs]
     params = dataclasses.replace(cfg.sampling, stop_token_ids=cfg.sampling.stop_token_ids
@@ -384,8 +384,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 for j in range(len(live)):
                     _replace(out, j, out.token_ids[j][:-1] + tag + out.token_ids[j][-1:])
         else:
-            keys = (turn_keys[np.asarray(live), turn] if live else
-                    np.zeros((0, jax.random.key_data(rng).shape[-1]), np.uint32))
+            keys = turn_keys[np.asarray(live, np.int64), turn]  # (no live episode: [0, words])
             images = {"images": [shown[i][2:] for i in live]} if visual is not None else {}
             out = sampler.generate([p.ids for p in prompts], params, keys, **images)
             timing = getattr(sampler, "last_timing", {})  # (a stand-in sampler may not count)
@@ -463,15 +462,20 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
         if not halves[1]:
             halves = [halves[0][::2], halves[0][1::2]]
         pending: list = [None, None]
+
+        def collect(h: int) -> None:  # half h's last turn, stepped meanwhile
+            nonlocal env_s
+            if pending[h] is not None:
+                results, seconds = pending[h].result()
+                env_s += seconds
+                apply(results)
+                pending[h] = None
+
         with futures.ThreadPoolExecutor(1, thread_name_prefix="skilljax-env") as env_thread:
             for turn in range(cfg.max_turns):
                 moved = False
                 for h in (0, 1):
-                    if pending[h] is not None:  # this half's previous turn, stepped meanwhile
-                        results, seconds = pending[h].result()
-                        env_s += seconds
-                        apply(results)
-                        pending[h] = None
+                    collect(h)
                     live = [i for i in halves[h] if not trajs[i].done]
                     if live:
                         pending[h] = env_thread.submit(env_step, act(live, turn))
@@ -479,10 +483,7 @@ def rollout(sampler: Sampler | None, tok: Tokenizer, pool: EnvPool, tasks: Seque
                 if not moved:
                     break
             for h in (0, 1):
-                if pending[h] is not None:
-                    results, seconds = pending[h].result()
-                    env_s += seconds
-                    apply(results)
+                collect(h)
         # Laid out as the sequential loop lays them: by turn, then episode.
         order = sorted(range(len(samples)), key=lambda k: (samples[k].step, samples[k].episode))
         where = {k: n for n, k in enumerate(order)}
